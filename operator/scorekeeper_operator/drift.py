@@ -1,0 +1,22 @@
+"""Pure: does the live object already contain everything we would apply? Then applying again is pointless.
+
+The API adds defaults and other managers' fields (clusterIP, `kubectl rollout restart`'s annotation, status), so the
+test is containment, not equality: every field we render must be present with our value; extra fields are fine.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def contains(live: Any, desired: Any) -> bool:
+    if isinstance(desired, dict):
+        return isinstance(live, dict) and all(k in live and contains(live[k], v) for k, v in desired.items())
+    if isinstance(desired, list):
+        # Our lists (containers, ports, env, volumes) are complete: same length, element-wise containment.
+        return isinstance(live, list) and len(live) == len(desired) and all(map(contains, live, desired))
+    return bool(live == desired)
+
+
+def owned_by(obj: dict[str, Any], uid: str) -> bool:
+    return any(ref.get("uid") == uid for ref in obj.get("metadata", {}).get("ownerReferences") or [])

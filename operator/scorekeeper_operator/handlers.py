@@ -1,0 +1,91 @@
+"""Thin kopf wiring: which events run a reconcile pass, and how its outcome maps onto kopf's error semantics.
+
+No timers or daemons on ScoringModels: kopf would add a finalizer for them, and a finalizer blocks `kubectl delete`
+whenever the operator is down. Drift and status are driven by watching the children instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from scorekeeper_operator.k8s import KubeApi, TransientApiError, load_configuration
+from scorekeeper_operator.reconcile import Reconciler
+from scorekeeper_operator.render import MANAGED_BY
+from scorekeeper_operator.settings import OperatorSettings
+
+SCORING_MODEL = ("scorekeeper.dev", "v1alpha1", "scoringmodels")
+MANAGED = {"app.kubernetes.io/managed-by": MANAGED_BY}
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+# Children (drift, deletion) and the worker pods (crash loops, OOM, scheduling) all carry the labels above.
+WATCHED_CHILDREN = (
+    ("", "v1", "configmaps"), ("", "v1", "services"), ("apps", "v1", "deployments"),
+    ("policy", "v1", "poddisruptionbudgets"), ("autoscaling", "v2", "horizontalpodautoscalers"),
+    ("monitoring.coreos.com", "v1", "servicemonitors"), ("", "v1", "pods"),
+)
+
+
+@kopf.on.login()
+def login(**_: Any) -> kopf.ConnectionInfo:
+    """kopf's connection from the same credentials as our own client (in-cluster, else KUBECONFIG)."""
+    config = load_configuration()
+    header = config.get_api_key_with_prefix("BearerToken") or config.get_api_key_with_prefix("authorization")
+    scheme, _, token = (header or "").rpartition(" ")
+    return kopf.ConnectionInfo(
+        server=config.host, ca_path=config.ssl_ca_cert, insecure=not config.verify_ssl,
+        scheme=scheme or None, token=token or None, certificate_path=config.cert_file,
+        private_key_path=config.key_file, username=config.username or None, password=config.password or None)
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    # Keep kopf's bookkeeping in annotations under our own prefix; status belongs to the documented schema.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="scorekeeper.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="scorekeeper.dev", key="last-handled-configuration")
+    # Events only for problems (kopf would otherwise post one per successful handler run).
+    settings.posting.level = logging.WARNING
+    # Without a server-side timeout a watch can stall silently behind some load balancers (kopf#698).
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.request_timeout = 60
+    operator_settings = OperatorSettings.from_env()
+    memo.reconciler = Reconciler(KubeApi.from_environment(operator_settings.request_timeout_seconds),
+                                 operator_settings)
+
+
+@kopf.on.cleanup()
+async def close(memo: kopf.Memo, **_: Any) -> None:
+    await memo.reconciler.close()
+
+
+@kopf.on.probe(id="reconciler")
+def probe(memo: kopf.Memo, **_: Any) -> str:
+    return "ready" if "reconciler" in memo else "starting"
+
+
+@kopf.on.resume(*SCORING_MODEL)
+@kopf.on.create(*SCORING_MODEL)
+@kopf.on.update(*SCORING_MODEL, field="spec")
+async def reconcile_model(name: str, namespace: str, retry: int, memo: kopf.Memo, **_: Any) -> None:
+    reconciler: Reconciler = memo.reconciler
+    try:
+        error = await reconciler.reconcile(namespace, name)
+    except TransientApiError as exc:
+        raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=reconciler.settings.retry_delay(retry)) from exc
+    if error is not None:
+        # Already in status as ConfigValid=False; PermanentError stops retries (until the spec changes) and
+        # posts a Warning event, so `kubectl describe` shows the reason too.
+        raise kopf.PermanentError(f"{error.reason}: {error.message}")
+
+
+async def on_child_event(namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
+    owner = labels.get(INSTANCE_LABEL)
+    if namespace and owner:
+        memo.reconciler.trigger(namespace, owner)
+
+
+for _group, _version, _plural in WATCHED_CHILDREN:
+    kopf.on.event(_group, _version, _plural, labels=MANAGED, id=f"child-{_plural}")(on_child_event)

@@ -1,0 +1,135 @@
+"""parse → render → apply → observe for one ScoringModel, serialized per object and level-based.
+
+Every trigger (the ScoringModel changed, a child changed or vanished, a pod crashed) runs the same idempotent pass
+on fresh reads, so the status is always written from the newest observation, whoever triggered it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from scorekeeper_operator.drift import contains, owned_by
+from scorekeeper_operator.k8s import CHILD_KINDS, PODS, SCORING_MODELS, KubeApi, RejectedError, TransientApiError
+from scorekeeper_operator.render import OPTIONAL_KINDS, Rendered, desired_replicas, endpoint, render, selector_string
+from scorekeeper_operator.settings import OperatorSettings
+from scorekeeper_operator.spec import InvalidSpec, ScoringModel
+from scorekeeper_operator.status import ConfigError, Desired, Observed, compute_status
+
+logger = logging.getLogger(__name__)
+Key = tuple[str, str]  # (namespace, name)
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Reconciler:
+    def __init__(self, api: KubeApi, settings: OperatorSettings, clock: Callable[[], str] = utc_now) -> None:
+        self.api, self.settings, self._clock = api, settings, clock
+        self._locks: defaultdict[Key, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._tasks: dict[Key, asyncio.Task[None]] = {}
+        self._dirty: set[Key] = set()
+
+    async def reconcile(self, namespace: str, name: str) -> ConfigError | None:
+        """One full pass. Returns the configuration error written to status, if any; raises TransientApiError."""
+        async with self._locks[(namespace, name)]:
+            body = await self.api.get(SCORING_MODELS, namespace, name)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                return None  # gone or going: ownerReferences let the garbage collector remove the children
+            model, error = self._parse(body)
+            rendered: Rendered | None = None
+            if model is not None:
+                wants_monitor = model.spec.monitoring.service_monitor
+                monitor_api = wants_monitor and await self.api.serves(CHILD_KINDS["ServiceMonitor"])
+                rendered = render(model, self.settings, service_monitor_api=monitor_api)
+                error = await self._converge(model, rendered)
+            desired = Desired(
+                generation=int(body["metadata"].get("generation") or 0), selector=selector_string(name),
+                endpoint=endpoint(name, namespace), rendered=rendered if error is None else None,
+                fixed_replicas=desired_replicas(model) if model is not None else None, config_error=error)
+            observed = Observed(await self.api.get(CHILD_KINDS["Deployment"], namespace, name),
+                                await self.api.list(PODS, namespace, selector_string(name)))
+            await self._write_status(body, compute_status(desired, observed, body.get("status") or {}, self._clock()))
+            return error
+
+    def _parse(self, body: dict[str, Any]) -> tuple[ScoringModel | None, ConfigError | None]:
+        try:
+            model = ScoringModel.from_body(body)
+        except InvalidSpec as error:
+            return None, ConfigError("InvalidSpec", str(error))
+        if model.spec.model.scheme == "hf" and not self.settings.allow_hf_download:
+            return None, ConfigError("ModelSourceUnavailable", "this operator is configured without hf:// downloads"
+                                     " (SCOREKEEPER_ALLOW_HF_DOWNLOAD=false); use a pvc:// or file:// model")
+        return model, None
+
+    async def _converge(self, model: ScoringModel, rendered: Rendered) -> ConfigError | None:
+        """Apply what is missing or drifted, delete optional children no longer wanted. Never touches foreign objects."""
+        live = {m["kind"]: await self.api.get(CHILD_KINDS[m["kind"]], model.namespace, model.name)
+                for m in rendered.manifests}
+        for kind, obj in live.items():
+            if obj is not None and not owned_by(obj, model.uid):
+                return ConfigError("ChildConflict", f"{kind} {model.namespace}/{model.name} exists and is not owned by"
+                                   " this ScoringModel; rename the ScoringModel or remove that object")
+        for manifest in rendered.manifests:
+            current = live[manifest["kind"]]
+            if current is None or not contains(current, manifest):
+                try:
+                    await self.api.apply(manifest)
+                except RejectedError as error:
+                    return ConfigError("Rejected", f"the API rejected {manifest['kind']} {model.name}: {error.message}")
+        wanted = {m["kind"] for m in rendered.manifests}
+        for kind in OPTIONAL_KINDS:
+            if kind in wanted or (kind == "ServiceMonitor" and not await self.api.serves(CHILD_KINDS[kind])):
+                continue
+            stale = await self.api.get(CHILD_KINDS[kind], model.namespace, model.name)
+            if stale is not None and owned_by(stale, model.uid):
+                await self.api.delete(CHILD_KINDS[kind], model.namespace, model.name, stale["metadata"]["uid"])
+        return None
+
+    async def _write_status(self, body: dict[str, Any], status: dict[str, Any]) -> None:
+        previous = body.get("status") or {}
+        if status == previous:
+            return  # unchanged: no write, no event, no loop
+        removed = {key: None for key in previous if key not in status}  # merge-patch deletes keys set to null
+        meta = body["metadata"]
+        await self.api.patch_status(SCORING_MODELS, meta["namespace"], meta["name"], {**removed, **status})
+
+    # Child events arrive through kopf's on.event handlers, which kopf never retries: retry here, with backoff,
+    # and coalesce bursts (a rollout emits many pod events) into one extra pass.
+    def trigger(self, namespace: str, name: str) -> None:
+        key = (namespace, name)
+        if key in self._tasks:
+            self._dirty.add(key)
+        else:
+            self._tasks[key] = asyncio.get_running_loop().create_task(self._run(key))
+
+    async def _run(self, key: Key) -> None:
+        attempt = 0
+        try:
+            while True:
+                self._dirty.discard(key)
+                try:
+                    await self.reconcile(*key)
+                    attempt = 0
+                except Exception as error:  # transient API errors, and (like kopf) anything unexpected: back off
+                    delay = self.settings.retry_delay(attempt)
+                    attempt += 1
+                    log = logger.warning if isinstance(error, TransientApiError) else logger.exception
+                    log("reconciling %s/%s failed (%s); retrying in %.1fs", *key, error, delay)
+                    await asyncio.sleep(delay)
+                    continue
+                if key not in self._dirty:
+                    return
+        finally:
+            self._tasks.pop(key, None)
+
+    async def close(self) -> None:
+        for task in list(self._tasks.values()):
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        self.api.close()

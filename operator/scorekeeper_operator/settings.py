@@ -1,0 +1,47 @@
+"""Operator-wide settings, read once from the environment (the Helm chart sets them on the operator Deployment)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_WORKER_IMAGE = "ghcr.io/scorekeeper/scorekeeper-worker:0.1.0"
+DEFAULT_LIVENESS_ENDPOINT = "http://0.0.0.0:8080/healthz"
+
+
+class OperatorSettings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    worker_image: str = Field(DEFAULT_WORKER_IMAGE, min_length=1)
+    # Empty: watch all namespaces. Otherwise a comma-separated list (kopf's --namespace, repeated).
+    namespaces: tuple[str, ...] = ()
+    liveness_endpoint: str = DEFAULT_LIVENESS_ENDPOINT
+    # Transient API errors are retried after base * 2**attempt seconds, capped.
+    retry_base_seconds: float = Field(2.0, gt=0)
+    retry_max_seconds: float = Field(300.0, gt=0)
+    # Air-gapped clusters set this to false: hf:// models then get ConfigValid=False instead of a failing download.
+    allow_hf_download: bool = True
+    request_timeout_seconds: float = Field(30.0, gt=0)
+
+    def retry_delay(self, attempt: int) -> float:
+        return float(min(self.retry_max_seconds, self.retry_base_seconds * 2 ** min(attempt, 20)))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> OperatorSettings:
+        env = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        if image := env.get("SCOREKEEPER_WORKER_IMAGE"):
+            values["worker_image"] = image
+        if namespaces := env.get("SCOREKEEPER_NAMESPACE", "").strip():
+            values["namespaces"] = tuple(ns.strip() for ns in namespaces.split(",") if ns.strip())
+        if liveness := env.get("SCOREKEEPER_LIVENESS_ENDPOINT"):
+            values["liveness_endpoint"] = liveness
+        if base := env.get("SCOREKEEPER_RETRY_BASE_SECONDS"):
+            values["retry_base_seconds"] = float(base)
+        if cap := env.get("SCOREKEEPER_RETRY_MAX_SECONDS"):
+            values["retry_max_seconds"] = float(cap)
+        if allow := env.get("SCOREKEEPER_ALLOW_HF_DOWNLOAD"):
+            values["allow_hf_download"] = allow.strip().lower() in {"1", "true", "yes"}
+        return cls.model_validate(values)

@@ -1,0 +1,247 @@
+"""ScoringModel spec → typed, validated config. Every default lives here (and, identically, in the CRD schema).
+
+The CRD's schema and CEL rules reject most bad objects at the API; these models repeat those rules (objects created
+before a rule existed, or with validation off, still arrive) and add what only the operator can check. A
+`pydantic.ValidationError` from `ScoringModel.from_body` becomes `ConfigValid=False`, never a crash loop.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Any, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+from scorekeeper_operator.flags import RESERVED_FLAGS
+
+_QUANTITY = r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?|[eE][0-9]+|m)?$"
+_URI = re.compile(r"^(?P<scheme>pvc|hf|file)://(?P<rest>.+)$")
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+class InvalidSpec(ValueError):
+    """The object cannot be served as written; the message names the field and becomes ConfigValid=False."""
+
+
+class Spec(BaseModel):
+    """Base for spec sections: camelCase on the wire, unknown fields rejected, immutable."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+
+class DType(StrEnum):
+    AUTO = "auto"
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+
+
+class RolloutStrategy(StrEnum):
+    RECREATE = "Recreate"
+    ROLLING_UPDATE = "RollingUpdate"
+
+
+class SecretKeyRef(Spec):
+    name: str = Field(min_length=1, max_length=253)
+    key: str = Field("token", min_length=1, max_length=253)
+
+
+class ModelSource(Spec):
+    uri: str = Field(max_length=1024)
+    revision: str | None = Field(None, max_length=128)
+    served_name: str | None = Field(None, min_length=1, max_length=253)
+    dtype: DType = DType.AUTO
+    token_secret_ref: SecretKeyRef | None = None
+
+    @property
+    def scheme(self) -> str:
+        return self.uri.split("://", 1)[0]
+
+    @model_validator(mode="after")
+    def _check_uri(self) -> Self:
+        match = _URI.match(self.uri)
+        if match is None:
+            raise ValueError(f"model.uri {self.uri!r} must start with pvc://, hf:// or file:///")
+        rest = match["rest"]
+        if match["scheme"] == "file" and not rest.startswith("/"):
+            raise ValueError("file:// URIs must be absolute: file:///path")
+        if match["scheme"] == "hf" and rest.count("/") != 1:
+            raise ValueError("hf:// URIs must name a repository: hf://org/name")
+        if match["scheme"] != "hf" and (self.revision is not None or self.token_secret_ref is not None):
+            raise ValueError("model.revision and model.tokenSecretRef apply only to hf:// models")
+        return self
+
+
+class MultiItem(Spec):
+    enabled: bool = False
+    delimiter_token_id: int | None = Field(None, ge=0, le=2**31 - 1)
+    max_items_per_request: int = Field(4096, ge=1, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _delimiter_needs_mis(self) -> Self:
+        if self.delimiter_token_id is not None and not self.enabled:
+            raise ValueError("scoring.multiItem.delimiterTokenId requires scoring.multiItem.enabled")
+        return self
+
+
+class PooledHiddenStates(StrEnum):
+    ALLOWED = "allowed"
+    FORBIDDEN = "forbidden"
+
+
+class Scoring(Spec):
+    multi_item: MultiItem = MultiItem()
+    max_batch_tokens: int = Field(8192, ge=16, le=16_777_216)
+    max_queue_tokens: int = Field(262144, ge=16, le=1_073_741_824)
+    return_pooled_hidden_states: PooledHiddenStates = PooledHiddenStates.ALLOWED
+
+
+class CudaGraph(Spec):
+    enabled: bool | None = None  # None: on exactly when the model has a GPU (resolved in ScoringModelSpec)
+    token_buckets: tuple[int, ...] = Field((256, 512, 1024, 2048, 4096, 8192), min_length=1, max_length=32)
+    max_tokens: int = Field(8192, ge=16, le=16_777_216)
+    max_sequences: int = Field(256, ge=1, le=65536)
+
+    @model_validator(mode="after")
+    def _buckets(self) -> Self:
+        buckets = self.token_buckets
+        if any(b < 1 for b in buckets) or any(b <= a for a, b in zip(buckets, buckets[1:], strict=False)):
+            raise ValueError("cudaGraph.tokenBuckets must be positive and strictly increasing")
+        if buckets[-1] > self.max_tokens:
+            raise ValueError("cudaGraph.tokenBuckets must not exceed cudaGraph.maxTokens")
+        return self
+
+
+class Gpu(Spec):
+    count: int = Field(0, ge=0, le=16)
+    resource_name: str = Field("nvidia.com/gpu", max_length=253)
+
+
+class Resources(Spec):
+    gpu: Gpu = Gpu()
+    cpu: str | None = Field(None, pattern=_QUANTITY)
+    memory: str | None = Field(None, pattern=_QUANTITY)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _quantities_as_strings(cls, data: Any) -> Any:
+        # int-or-string in the CRD; the API and the kubernetes client want quantities as strings
+        if isinstance(data, dict):
+            return {k: str(v) if k in ("cpu", "memory") and isinstance(v, int) else v for k, v in data.items()}
+        return data
+
+
+class Autoscaling(Spec):
+    enabled: bool = False
+    min_replicas: int = Field(1, ge=1, le=1000)
+    max_replicas: int = Field(4, ge=1, le=1000)
+    metric: str = Field("queueDepth", pattern="^queueDepth$")
+    target: int = Field(16, ge=1, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Self:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("autoscaling.minReplicas must not exceed autoscaling.maxReplicas")
+        return self
+
+
+class Rollout(Spec):
+    strategy: RolloutStrategy | None = None  # None: resolved from GPU count and replicas
+    max_startup_seconds: int = Field(1800, ge=30, le=86400)
+    drain_seconds: int = Field(30, ge=0, le=3600)
+
+
+class Scheduling(Spec):
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: tuple[dict[str, Any], ...] = ()
+    affinity: dict[str, Any] = Field(default_factory=dict)
+    priority_class_name: str | None = None
+
+    @model_validator(mode="after")
+    def _affinity_kinds(self) -> Self:
+        # The CRD passes affinity through unchecked (x-kubernetes-preserve-unknown-fields), so check its shape here.
+        unknown = set(self.affinity) - {"nodeAffinity", "podAffinity", "podAntiAffinity"}
+        if unknown:
+            raise ValueError(f"scheduling.affinity has unknown keys {sorted(unknown)}")
+        return self
+
+
+class Monitoring(Spec):
+    service_monitor: bool = True
+    interval: str = Field("30s", pattern=r"^[0-9]+(ms|s|m|h)$")
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class ScoringModelSpec(Spec):
+    model: ModelSource
+    scoring: Scoring = Scoring()
+    cuda_graph: CudaGraph = CudaGraph()
+    resources: Resources = Resources()
+    replicas: int = Field(1, ge=0, le=1000)
+    autoscaling: Autoscaling = Autoscaling()
+    rollout: Rollout = Rollout()
+    scheduling: Scheduling = Scheduling()
+    image: str = Field("", max_length=512)
+    extra_args: tuple[str, ...] = Field((), max_length=32)
+    monitoring: Monitoring = Monitoring()
+
+    @model_validator(mode="after")
+    def _extra_args(self) -> Self:
+        for arg in self.extra_args:
+            flag = arg.split("=", 1)[0]
+            # argparse accepts unambiguous prefixes (--served for --served-name), which CEL cannot see
+            clash = [f for f in RESERVED_FLAGS if f.startswith(flag)] if flag.startswith("--") else []
+            if clash:
+                raise ValueError(f"extraArgs {arg!r} sets (or abbreviates) {clash[0]}, which the operator renders")
+        return self
+
+    @property
+    def uses_gpu(self) -> bool:
+        return self.resources.gpu.count > 0
+
+    @property
+    def cuda_graph_enabled(self) -> bool:
+        return self.uses_gpu if self.cuda_graph.enabled is None else self.cuda_graph.enabled
+
+    @property
+    def rollout_strategy(self) -> RolloutStrategy:
+        if self.rollout.strategy is not None:
+            return self.rollout.strategy
+        single = self.replicas <= 1 and not self.autoscaling.enabled
+        return RolloutStrategy.RECREATE if self.uses_gpu and single else RolloutStrategy.ROLLING_UPDATE
+
+
+class ScoringModel(BaseModel):
+    """One ScoringModel object: identity (for names and owner references) plus the typed spec."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    spec: ScoringModelSpec
+
+    @property
+    def served_name(self) -> str:
+        return self.spec.model.served_name or self.name
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> ScoringModel:
+        """Raises InvalidSpec with a message naming the offending field."""
+        meta = body.get("metadata", {})
+        name = meta.get("name", "")
+        if not (len(name) <= 63 and _DNS1035.match(name)):
+            raise InvalidSpec(f"metadata.name {name!r} must be a DNS-1035 label because it names the Service")
+        try:
+            spec = ScoringModelSpec.model_validate(body.get("spec") or {})
+        except ValidationError as error:
+            raise InvalidSpec("; ".join(_describe(e) for e in error.errors())) from None
+        return cls(name=name, namespace=meta.get("namespace", ""), uid=meta.get("uid", ""),
+                   generation=int(meta.get("generation") or 0), spec=spec)
+
+
+def _describe(error: Any) -> str:
+    where = ".".join(["spec", *(str(part) for part in error["loc"])])
+    return f"{where}: {error['msg'].removeprefix('Value error, ')}"

@@ -1,0 +1,119 @@
+"""What the API server does with a ScoringModel before storing it, done offline: structural defaulting, OpenAPI
+schema validation (`jsonschema`) and the CRD's `x-kubernetes-validations` CEL rules (`cel-python`).
+
+Not covered (needs a real API server): CEL cost budgets, Kubernetes-specific CEL libraries, pruning of unknown
+fields, `x-kubernetes-*` list semantics, `format` checks.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import celpy
+import jsonschema
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_PATH = ROOT / "crds" / "scoringmodel.yaml"
+SAMPLES = Path(__file__).parent / "samples"
+
+
+def documents(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def valid_samples() -> list[dict[str, Any]]:
+    """tests/operator/samples/valid.yaml plus every examples/*.yaml."""
+    examples = sorted((ROOT / "examples").glob("*.yaml"))
+    return [*documents(SAMPLES / "valid.yaml"), *(doc for path in examples for doc in documents(path))]
+
+
+def invalid_samples() -> list[dict[str, Any]]:
+    return documents(SAMPLES / "invalid.yaml")
+
+
+@functools.cache
+def load_crd() -> dict[str, Any]:
+    crd: dict[str, Any] = yaml.safe_load(CRD_PATH.read_text())
+    return crd
+
+
+def version_schema() -> dict[str, Any]:
+    (version,) = load_crd()["spec"]["versions"]
+    schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
+    """Structural defaulting: fill absent properties from `default`, then recurse (so `default: {}` cascades)."""
+    value = copy.deepcopy(value)
+    if isinstance(value, dict) and "properties" in schema:
+        for key, sub in schema["properties"].items():
+            if key not in value and "default" in sub:
+                value[key] = copy.deepcopy(sub["default"])
+            if key in value:
+                value[key] = apply_defaults(sub, value[key])
+    elif isinstance(value, list) and "items" in schema:
+        value = [apply_defaults(schema["items"], item) for item in value]
+    return value
+
+
+def schema_errors(obj: dict[str, Any]) -> list[str]:
+    validator = jsonschema.Draft7Validator(version_schema())
+    return [f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}"
+            for e in sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))]
+
+
+def _rule_sites(schema: dict[str, Any], value: Any, path: str) -> Iterator[tuple[str, dict[str, Any], Any]]:
+    for rule in schema.get("x-kubernetes-validations", []):
+        yield path, rule, value
+    if isinstance(value, dict):
+        for key, sub in schema.get("properties", {}).items():
+            if key in value:
+                yield from _rule_sites(sub, value[key], f"{path}.{key}" if path else key)
+    elif isinstance(value, list) and "items" in schema:
+        for index, item in enumerate(value):
+            yield from _rule_sites(schema["items"], item, f"{path}[{index}]")
+
+
+@functools.cache
+def _program(rule: str) -> celpy.Runner:
+    env = celpy.Environment()
+    return env.program(env.compile(rule))
+
+
+def cel_errors(obj: dict[str, Any]) -> list[str]:
+    """Every failing (or erroring: the API treats both as invalid) rule as 'path: message'."""
+    errors = []
+    for path, rule, value in _rule_sites(version_schema(), obj, ""):
+        try:
+            result = _program(rule["rule"]).evaluate({"self": celpy.json_to_cel(value)})
+            ok = result is True or (isinstance(result, celpy.celtypes.BoolType) and bool(result))
+        except Exception as error:  # a CEL evaluation error rejects the object, as in the API server
+            ok, rule = False, {**rule, "message": f"{rule.get('message', rule['rule'])} ({error})"}
+        if not ok:
+            errors.append(f"{path or '<root>'}: {rule.get('message', rule['rule'])}")
+    return errors
+
+
+def rules() -> list[str]:
+    return [rule["rule"] for _, rule, _ in _rule_sites(version_schema(), _everything_present(), "")]
+
+
+def _everything_present() -> dict[str, Any]:
+    """An object reaching every rule site (used to enumerate the rules)."""
+    return apply_defaults(version_schema(), {"metadata": {"name": "x"}, "spec": {
+        "model": {"uri": "hf://a/b"}, "extraArgs": []}})
+
+
+def admit(obj: dict[str, Any]) -> dict[str, Any]:
+    """Default, then validate, like the API server on create and update; raises ValueError with every message."""
+    defaulted = apply_defaults(version_schema(), obj)
+    errors = schema_errors(defaulted) or cel_errors(defaulted)  # the API runs CEL only on schema-valid objects
+    if errors:
+        raise ValueError("ScoringModel is invalid: " + "; ".join(errors))
+    return defaulted

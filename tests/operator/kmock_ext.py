@@ -1,0 +1,272 @@
+"""KMock 0.8's KubernetesEmulator, extended with the API behaviours the operator relies on.
+
+KMock stores objects, merge-patches them and streams watch events. It lacks (research/operators.md §3.3), and this
+subclass adds: server-set metadata (uid, creationTimestamp, resourceVersion, generation); no-op writes that change
+nothing and emit no event; status-subresource isolation; server-side apply that creates absent objects and drops
+fields its manager stopped applying; JSON-patch `test` failures as 422; label selectors on LIST; ownerReference
+garbage collection; DeleteOptions uid preconditions; `/api/v1/namespaces` paths; admission hooks (the CRD's
+defaults, schema and CEL rules); injected failures; and a log of the calls the operator made (for RBAC).
+Still missing, and documented in docs/operator.md: real managedFields and apply conflicts, associative-list merging
+(strategic merge / SSA list keys), built-in defaulting and validation, controllers (Deployment, ReplicaSet, kubelet).
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+import aiohttp.web
+import attrs
+import jsonpatch
+import yaml
+from kmock import KubernetesEmulator, KubernetesError, KubernetesObjectNotFoundError, action, resource
+from kmock._internal import parsing, rendering
+
+from label_selectors import matches_selector
+
+HARNESS_HEADER = "X-Test-Harness"  # requests made by the tests themselves, not by the operator
+Admission = Callable[[dict[str, Any]], dict[str, Any]]  # returns the (defaulted) object or raises ValueError
+
+
+class ApiCall(NamedTuple):
+    method: str  # HTTP method
+    api_group: str  # "" for the core group
+    resource: str
+    subresource: str  # "" when none
+    verb: str  # the RBAC verb: get, list, watch, create, patch, update, delete, deletecollection
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386: objects merge recursively, null deletes, everything else (lists too) replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def _leaves(obj: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    if isinstance(obj, dict) and obj:
+        for key, value in obj.items():
+            yield from _leaves(value, (*prefix, key))
+    else:
+        yield prefix, obj
+
+
+def _pop_path(obj: dict[str, Any], path: tuple[str, ...], expected: Any) -> None:
+    """Remove a field our manager applied before, unless someone else has changed it since (then they own it)."""
+    *parents, last = path
+    for key in parents:
+        obj = obj.get(key) if isinstance(obj, dict) else None  # type: ignore[assignment]
+        if obj is None:
+            return
+    if isinstance(obj, dict) and obj.get(last) == expected:
+        obj.pop(last)
+
+
+def parse_path_with_namespaces(path: str) -> parsing.ParsedPath:
+    """KMock parses /api/v1/namespaces[/NAME] as a namespace prefix (HTTP 500/404); parse it as the resource."""
+    parts = path.strip("/").split("/")
+    if parts[:3] == ["api", "v1", "namespaces"] and len(parts) in (3, 4):
+        return parsing.ParsedPath("", "v1", "namespaces", None, parts[3] if len(parts) == 4 else None, None)
+    return _original_parse_path(path)
+
+
+_original_parse_path = parsing.parse_path
+
+
+@attrs.define(kw_only=True)
+class RealisticEmulator(KubernetesEmulator):
+    admission: dict[str, Admission] = attrs.field(factory=dict)  # plural → hook
+    calls: list[ApiCall] = attrs.field(factory=list)
+    _failures: list[list[Any]] = attrs.field(factory=list)  # [method, plural, status, remaining]
+    _applied: dict[tuple[Any, ...], dict[str, Any]] = attrs.field(factory=dict)  # (key, manager) → last applied
+    _revision: int = 0
+
+    def fail(self, method: str, plural: str, status: int = 500, times: int = 1) -> None:
+        """The next `times` requests with this method on this resource get HTTP `status`."""
+        self._failures.append([method.upper(), plural, status, times])
+
+    async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        res = request.resource
+        if res is None or res.plural is None:
+            return await super()._handle(request)  # discovery and non-API paths
+        if request.headers.get(HARNESS_HEADER) is None:
+            self.calls.append(_api_call(request))
+        for failure in self._failures:
+            if failure[0] == request.method.value and failure[1] == res.plural and failure[3] > 0:
+                failure[3] -= 1
+                raise KubernetesError(status=failure[2], reason="InjectedFailure", message="injected by the test")
+        handler = {action.LIST: self._list, action.CREATE: self._create, action.UPDATE: self._update,
+                   action.DELETE: self._delete}.get(request.action)  # type: ignore[arg-type]
+        if handler is None or (request.action is action.DELETE and request.name is None):
+            return await super()._handle(request)  # watch, get: KMock's own (it serves our stored objects)
+        async with self._lock:
+            return aiohttp.web.json_response(await handler(request))
+
+    # -- helpers -------------------------------------------------------------------------------------------------
+    def _has_status(self, res: resource) -> bool:
+        return res in self.resources and "status" in self.resources[res].subresources
+
+    def _live(self, key: tuple[Any, ...]) -> dict[str, Any] | None:
+        return self._objects[key].raw if key in self._objects and not self._objects[key].deleted else None
+
+    def _next_revision(self) -> str:
+        self._revision += 1
+        return str(self._revision)
+
+    async def _emit(self, res: resource, kind: str, obj: dict[str, Any]) -> None:
+        await self._buses[res].put({"type": kind, "object": copy.deepcopy(obj)})
+
+    def _admit(self, res: resource, obj: dict[str, Any]) -> dict[str, Any]:
+        hook = self.admission.get(res.plural or "")
+        if hook is None:
+            return obj
+        try:
+            return hook(obj)
+        except ValueError as error:
+            raise KubernetesError(status=422, reason="Invalid", message=str(error)) from error
+
+    # -- verbs ---------------------------------------------------------------------------------------------------
+    async def _list(self, request: rendering.Request) -> dict[str, Any]:
+        res = request.resource
+        assert res is not None
+        if res not in self._get_resources():
+            raise KubernetesError(status=404, reason="NotFound", message=f"the server does not serve {res.plural}")
+        selector = request.params.get("labelSelector", "")
+        items = [obj.raw for (r, ns, _), obj in self._objects.items()
+                 if r == res and not obj.deleted and (request.namespace is None or ns == request.namespace)
+                 and matches_selector(selector, obj.raw.get("metadata", {}).get("labels") or {})]
+        kind = self.resources[res].kind if res in self.resources else None
+        return {"apiVersion": f"{res.group}/{res.version}".lstrip("/"), "kind": f"{kind or 'Object'}List",
+                "metadata": {"resourceVersion": str(self._revision)}, "items": items}
+
+    async def _create(self, request: rendering.Request, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        res = request.resource
+        assert res is not None
+        obj = copy.deepcopy(body if body is not None else request.data)
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("name", meta.get("generateName", "object-") + uuid.uuid4().hex[:5])
+        if request.namespace:
+            meta["namespace"] = request.namespace
+        key = (res, meta.get("namespace"), meta["name"])
+        if self._live(key) is not None:
+            raise KubernetesError(status=409, reason="AlreadyExists", message=f"{meta['name']} already exists")
+        if self._has_status(res):
+            obj.pop("status", None)  # status is written through /status only
+        obj = self._admit(res, obj)
+        meta = obj["metadata"]
+        meta.update(uid=str(uuid.uuid4()), resourceVersion=self._next_revision(), generation=1,
+                    creationTimestamp=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        if key in self._objects:
+            self._objects[key].create(obj)
+        else:
+            self._objects[key] = obj
+        await self._emit(res, "ADDED", obj)
+        return obj
+
+    async def _update(self, request: rendering.Request) -> dict[str, Any]:
+        res = request.resource
+        assert res is not None
+        key = (res, request.namespace, request.name)
+        content_type = request.headers.get("Content-Type", "")
+        patch = request.data if request.data is not None else yaml.safe_load(request.text or "null")
+        old = self._live(key)
+        if old is None:
+            if "apply-patch" not in content_type:
+                raise KubernetesObjectNotFoundError()
+            created = await self._create(request, body=patch)  # server-side apply creates
+            self._applied[(key, request.params.get("fieldManager"))] = copy.deepcopy(patch)
+            return created
+        if isinstance(patch, list):
+            try:
+                new = jsonpatch.apply_patch(old, patch)
+            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as error:
+                raise KubernetesError(status=422, reason="Invalid", message=str(error)) from error
+        else:
+            new = merge_patch(old, patch)
+        if "apply-patch" in content_type:
+            manager_key = (key, request.params.get("fieldManager"))
+            previous = self._applied.get(manager_key, {})
+            applied_paths = {path for path, _ in _leaves(patch)}
+            for path, value in _leaves(previous):
+                if path not in applied_paths and path:
+                    _pop_path(new, path, value)
+            self._applied[manager_key] = copy.deepcopy(patch)
+        if request.subresource == "status":
+            new = {**old, "status": new.get("status")}
+        elif self._has_status(res):
+            new["status"] = old.get("status")
+        new = {k: v for k, v in new.items() if v is not None}
+        new["metadata"] = {**new.get("metadata", {}), **{k: old["metadata"][k] for k in
+                           ("uid", "creationTimestamp", "generation", "resourceVersion") if k in old["metadata"]}}
+        if new == old:
+            return old  # a no-op write: no new resourceVersion, no watch event
+        if request.subresource is None:
+            new = self._admit(res, new)
+        if new.get("spec") != old.get("spec"):
+            new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
+        new["metadata"]["resourceVersion"] = self._next_revision()
+        self._objects[key].create(new)
+        if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
+            await self._remove(key, new)
+        else:
+            await self._emit(res, "MODIFIED", new)
+        return new
+
+    async def _delete(self, request: rendering.Request) -> dict[str, Any]:
+        res = request.resource
+        assert res is not None
+        key = (res, request.namespace, request.name)
+        obj = self._live(key)
+        if obj is None:
+            raise KubernetesObjectNotFoundError()
+        wanted_uid = ((request.data or {}).get("preconditions") or {}).get("uid")
+        if wanted_uid and wanted_uid != obj["metadata"]["uid"]:
+            raise KubernetesError(status=409, reason="Conflict", message="Precondition failed: UID mismatch")
+        if obj["metadata"].get("finalizers"):
+            if not obj["metadata"].get("deletionTimestamp"):
+                obj = copy.deepcopy(obj)
+                obj["metadata"].update(deletionTimestamp=datetime.datetime.now(datetime.UTC).isoformat(),
+                                       resourceVersion=self._next_revision())
+                self._objects[key].create(obj)
+                await self._emit(res, "MODIFIED", obj)
+            return obj
+        await self._remove(key, obj)
+        return obj
+
+    async def _remove(self, key: tuple[Any, ...], obj: dict[str, Any]) -> None:
+        """Delete, then garbage-collect dependents (background propagation) as kube-controller-manager would."""
+        self._objects[key].delete()
+        await self._emit(key[0], "DELETED", obj)
+        uid = obj["metadata"]["uid"]
+        for dep_key, dependent in list(self._objects.items()):
+            refs = [] if dependent.deleted else dependent.raw["metadata"].get("ownerReferences") or []
+            if not any(ref.get("uid") == uid for ref in refs):
+                continue
+            if dependent.raw["metadata"].get("finalizers"):  # finalizers hold it: mark it, as a DELETE would
+                now = datetime.datetime.now(datetime.UTC).isoformat()
+                marked = merge_patch(dependent.raw, {"metadata": {"deletionTimestamp": now}})
+                self._objects[dep_key].create(marked)
+                await self._emit(dep_key[0], "MODIFIED", marked)
+            else:
+                await self._remove(dep_key, dependent.raw)
+
+
+def _api_call(request: rendering.Request) -> ApiCall:
+    res = request.resource
+    assert res is not None and res.plural is not None
+    method = request.method.value
+    if method == "GET":
+        verb = "watch" if request.params.get("watch") in ("true", "1") else "get" if request.name else "list"
+    else:
+        verb = {"POST": "create", "PATCH": "patch", "PUT": "update"}.get(method) or (
+            "delete" if request.name else "deletecollection")
+    return ApiCall(method, res.group or "", res.plural, request.subresource or "", verb)

@@ -1,0 +1,128 @@
+"""The operator ↔ worker contract: rendered container args (and the ConfigMap's config file) are parsed by the
+worker's real argument parser and config loader, and mean what the spec says."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scorekeeper_worker.cli import build_parser, parse_config
+from scorekeeper_worker.config import WorkerConfig
+
+from harness import scoring_model
+from scorekeeper_operator import flags
+from scorekeeper_operator.render import render
+from scorekeeper_operator.settings import OperatorSettings
+from scorekeeper_operator.spec import ScoringModel
+
+SPECS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "gpu-mis-graphs": {
+        "model": {"uri": "pvc://models/qwen3", "servedName": "rerank", "dtype": "bfloat16"},
+        "scoring": {"multiItem": {"enabled": True, "delimiterTokenId": 151643, "maxItemsPerRequest": 512},
+                    "maxBatchTokens": 16384, "maxQueueTokens": 65536, "returnPooledHiddenStates": "forbidden"},
+        "cudaGraph": {"enabled": True, "tokenBuckets": [256, 512, 1024], "maxTokens": 2048, "maxSequences": 64},
+        "resources": {"gpu": {"count": 1}}, "rollout": {"drainSeconds": 12}},
+    "cpu-mis-without-delimiter": {"model": {"uri": "file:///opt/m", "dtype": "float32"},
+                                  "scoring": {"multiItem": {"enabled": True}}, "cudaGraph": {"enabled": False}},
+    "gpu-graphs-off-extra-args": {"resources": {"gpu": {"count": 2}}, "cudaGraph": {"enabled": False},
+                                  "extraArgs": ["--attention-backend", "sdpa", "--log-level=debug"]},
+    "hf": {"model": {"uri": "hf://org/name"}},
+}
+
+
+def rendered_for(spec: dict[str, Any]) -> tuple[ScoringModel, list[str], str]:
+    body = scoring_model("reranker", **spec)
+    body["metadata"]["uid"] = "uid"
+    model = ScoringModel.from_body(body)
+    rendered = render(model, OperatorSettings(), service_monitor_api=False)
+    deployment = rendered.get("Deployment")
+    configmap = rendered.get("ConfigMap")
+    assert deployment is not None and configmap is not None
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["scorekeeper-worker"]
+    return model, container["args"], configmap["data"][flags.CONFIG_FILE]
+
+
+def serve_help_flags() -> set[str]:
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+    return set(re.findall(r"--[a-z][-a-z]*", serve.format_help()))
+
+
+def with_config_file(args: list[str], config_text: str, tmp_path: Path) -> list[str]:
+    """The pod mounts the ConfigMap at flags.CONFIG_PATH; here the same text lives in a temporary file."""
+    config = tmp_path / flags.CONFIG_FILE
+    config.write_text(config_text)
+    return [str(config) if arg == flags.CONFIG_PATH else arg for arg in args]
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_every_rendered_flag_exists_in_serve_help(name: str) -> None:
+    _, args, _ = rendered_for(SPECS[name])
+    assert args[0] == "serve"
+    rendered = {arg.split("=", 1)[0] for arg in args if arg.startswith("--")}
+    assert rendered - serve_help_flags() == set()
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_rendered_args_parse_to_the_intended_config(name: str, tmp_path: Path) -> None:
+    model, args, config_text = rendered_for(SPECS[name])
+    config = parse_config(with_config_file(args, config_text, tmp_path), environ={})
+    spec = model.spec
+    mis = spec.scoring.multi_item
+    assert str(config.model) == flags.model_path(spec.model.uri)
+    assert config.served_name == model.served_name
+    assert config.dtype.value == spec.model.dtype.value
+    assert config.device.value == ("cuda" if spec.resources.gpu.count else "cpu")
+    assert config.port == flags.WORKER_PORT
+    assert config.max_batch_tokens == spec.scoring.max_batch_tokens
+    assert config.max_queue_tokens == spec.scoring.max_queue_tokens
+    assert config.max_items_per_request == mis.max_items_per_request
+    assert config.pooled_hidden_states.value == spec.scoring.return_pooled_hidden_states.value
+    assert config.multi_item_scoring == mis.enabled
+    assert config.multi_item_scoring_delimiter == mis.delimiter_token_id
+    assert config.cuda_graph == spec.cuda_graph_enabled == (spec.cuda_graph.enabled
+                                                            if spec.cuda_graph.enabled is not None
+                                                            else spec.resources.gpu.count > 0)
+    assert config.cuda_graph_token_buckets == spec.cuda_graph.token_buckets
+    assert config.cuda_graph_max_tokens == spec.cuda_graph.max_tokens
+    assert config.cuda_graph_max_seqs == spec.cuda_graph.max_sequences
+    assert config.drain_timeout_seconds == spec.rollout.drain_seconds
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_flags_and_config_file_agree(name: str, tmp_path: Path) -> None:
+    """The ConfigMap's file alone (no flags) gives the same worker config as the flags alone."""
+    _, args, config_text = rendered_for(SPECS[name])
+    without_file = [a for i, a in enumerate(args) if a != "--config" and (i == 0 or args[i - 1] != "--config")]
+    from_flags = parse_config(without_file, environ={})
+    config_file = tmp_path / flags.CONFIG_FILE
+    config_file.write_text(config_text)
+    from_file = parse_config(["serve", "--config", str(config_file)], environ={})
+    extra = {"attention_backend", "log_level"}  # set by extraArgs, which only the flags carry
+    assert from_file.model_dump(exclude=extra) == from_flags.model_dump(exclude=extra)
+
+
+def test_extra_args_cannot_override_rendered_flags(tmp_path: Path) -> None:
+    """extraArgs come first, so even an abbreviation the API let through loses to the rendered flag."""
+    model, _, _ = rendered_for({})
+    spec = model.spec.model_copy(update={"extra_args": ("--served", "hijacked")})  # skips spec validation
+    args = flags.worker_args(model.model_copy(update={"spec": spec}))
+    config = parse_config(with_config_file(args, "{}", tmp_path), environ={})
+    assert config.served_name == "reranker"
+
+
+def test_rendered_flags_are_all_reserved() -> None:
+    """Every flag the operator renders is one extraArgs may not set (spec validation and the CEL rule)."""
+    for spec in SPECS.values():
+        _, args, _ = rendered_for(spec)
+        user = set(ScoringModel.from_body({**scoring_model(**spec), "metadata": {"name": "x"}}).spec.extra_args)
+        rendered = {a for a in args if a.startswith("--") and a not in user and a.split("=")[0] not in user}
+        assert rendered <= set(flags.RESERVED_FLAGS)
+
+
+def test_worker_config_keys_are_worker_fields() -> None:
+    model, _, _ = rendered_for(SPECS["gpu-mis-graphs"])
+    assert set(flags.worker_config(model)) <= set(WorkerConfig.model_fields)

@@ -1,0 +1,177 @@
+"""render(): a matrix of specs, every built-in manifest validated (strict) for Kubernetes 1.29 … 1.34."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from harness import scoring_model
+from scorekeeper_operator.render import CONFIG_HASH_ANNOTATION, Rendered, render, selector_labels
+from scorekeeper_operator.settings import OperatorSettings
+from scorekeeper_operator.spec import ScoringModel
+
+K8S_VERSIONS = ["1.29", "1.30", "1.31", "1.32", "1.33", "1.34"]
+SETTINGS = OperatorSettings(worker_image="registry.example/worker:1")
+MATRIX = list(itertools.product([0, 1], [False, True], [False, True], [False, True], [1, 3]))
+
+
+def model_from(spec: dict[str, Any], name: str = "reranker") -> ScoringModel:
+    body = scoring_model(name, **spec)
+    body["metadata"].update(uid="0b7c-uid", generation=3)
+    return ScoringModel.from_body(body)
+
+
+def matrix_spec(gpus: int, mis: bool, graphs: bool, autoscaling: bool, replicas: int) -> dict[str, Any]:
+    return {"resources": {"gpu": {"count": gpus}, "memory": "16Gi", "cpu": "2"},
+            "scoring": {"multiItem": {"enabled": mis, **({"delimiterTokenId": 151643} if mis else {})}},
+            "cudaGraph": {"enabled": graphs, "tokenBuckets": [128, 256], "maxTokens": 512},
+            "autoscaling": {"enabled": autoscaling, "minReplicas": 1, "maxReplicas": replicas},
+            "replicas": replicas}
+
+
+def by_kind(rendered: Rendered) -> dict[str, dict[str, Any]]:
+    return {m["kind"]: m for m in rendered.manifests}
+
+
+@pytest.mark.parametrize(("gpus", "mis", "graphs", "autoscaling", "replicas"), MATRIX)
+def test_matrix_renders_valid_manifests(gpus: int, mis: bool, graphs: bool, autoscaling: bool, replicas: int) -> None:
+    model = model_from(matrix_spec(gpus, mis, graphs, autoscaling, replicas))
+    rendered = render(model, SETTINGS, service_monitor_api=True)
+    kinds = by_kind(rendered)
+    builtins = [m for m in rendered.manifests if m["kind"] != "ServiceMonitor"]  # a CRD: no bundled schema
+    for manifest, version in itertools.product(builtins, K8S_VERSIONS):
+        kubernetes_validate.validate(manifest, version, strict=True)
+
+    assert {"ConfigMap", "Service", "Deployment", "ServiceMonitor"} <= set(kinds)
+    assert ("PodDisruptionBudget" in kinds) == (replicas > 1)
+    assert ("HorizontalPodAutoscaler" in kinds) == autoscaling
+    deployment = kinds["Deployment"]
+    assert ("replicas" in deployment["spec"]) == (not autoscaling)
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    assert ("--multi-item-scoring" in args) == mis and ("--no-multi-item-scoring" in args) == (not mis)
+    assert ("--cuda-graph" in args) == graphs and ("--no-cuda-graph" in args) == (not graphs)
+    assert args[args.index("--device") + 1] == ("cuda" if gpus else "cpu")
+    assert args[args.index("--cuda-graph-token-buckets") + 1] == "128,256"
+    limits = container["resources"].get("limits", {})
+    assert ("nvidia.com/gpu" in limits) == bool(gpus)
+    for manifest in rendered.manifests:
+        (owner,) = manifest["metadata"]["ownerReferences"]
+        assert owner == {"apiVersion": "scorekeeper.dev/v1alpha1", "kind": "ScoringModel", "name": "reranker",
+                         "uid": "0b7c-uid", "controller": True, "blockOwnerDeletion": True}
+        assert manifest["metadata"]["namespace"] == "ml"
+
+
+def test_gpu_pod_resources_probes_and_strategy() -> None:
+    rendered = render(model_from({"resources": {"gpu": {"count": 2}, "memory": "32Gi"},
+                                  "rollout": {"maxStartupSeconds": 3600, "drainSeconds": 45}}), SETTINGS,
+                      service_monitor_api=False)
+    deployment = by_kind(rendered)["Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["resources"] == {"requests": {"memory": "32Gi", "nvidia.com/gpu": "2"},
+                                      "limits": {"memory": "32Gi", "nvidia.com/gpu": "2"}}
+    startup = container["startupProbe"]
+    assert startup["httpGet"] == {"path": "/ready", "port": "http"}
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 3600  # the whole model-load budget
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert pod["terminationGracePeriodSeconds"] > 45  # longer than the worker's drain
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}  # one GPU replica: no spare GPU to surge into
+    assert deployment["spec"]["progressDeadlineSeconds"] > 3600
+    assert deployment["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] == rendered.config_hash
+
+
+def test_cpu_rolls_with_surge_and_service_exposes_http_and_metrics() -> None:
+    kinds = by_kind(render(model_from({"replicas": 3}), SETTINGS, service_monitor_api=True))
+    assert kinds["Deployment"]["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    ports = {p["name"]: p for p in kinds["Service"]["spec"]["ports"]}
+    assert set(ports) == {"http", "metrics"} and {p["targetPort"] for p in ports.values()} == {"http"}
+    assert kinds["Service"]["spec"]["selector"] == selector_labels("reranker")
+    assert kinds["ServiceMonitor"]["spec"]["endpoints"][0]["port"] == "metrics"
+    assert kinds["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 1
+
+
+def test_hpa_scales_the_deployment_on_the_queue_metric() -> None:
+    model = model_from({"autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 9, "target": 7}})
+    hpa = by_kind(render(model, SETTINGS, service_monitor_api=False))["HorizontalPodAutoscaler"]
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "reranker"}
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 9)
+    assert hpa["spec"]["metrics"] == [{"type": "Pods", "pods": {
+        "metric": {"name": "scorekeeper_queue_depth"}, "target": {"type": "AverageValue", "averageValue": "7"}}}]
+
+
+def test_service_monitor_only_when_the_api_exists_and_is_wanted() -> None:
+    assert "ServiceMonitor" not in by_kind(render(model_from({}), SETTINGS, service_monitor_api=False))
+    unwanted = model_from({"monitoring": {"serviceMonitor": False}})
+    assert "ServiceMonitor" not in by_kind(render(unwanted, SETTINGS, service_monitor_api=True))
+    labeled = model_from({"monitoring": {"labels": {"release": "kps"}}})
+    monitor = by_kind(render(labeled, SETTINGS, service_monitor_api=True))["ServiceMonitor"]
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+
+
+@pytest.mark.parametrize(("uri", "model_flag", "volume"), [
+    ("pvc://store/qwen/v1", "/models/qwen/v1", {"claimName": "store", "readOnly": True}),
+    ("pvc://store", "/models", {"claimName": "store", "readOnly": True}),
+    ("file:///opt/models/minilm", "/opt/models/minilm", None),
+    ("hf://BAAI/bge-reranker-v2-m3", "/models/BAAI/bge-reranker-v2-m3", None),
+])
+def test_model_sources(uri: str, model_flag: str, volume: dict[str, Any] | None) -> None:
+    deployment = by_kind(render(model_from({"model": {"uri": uri}}), SETTINGS, service_monitor_api=False))["Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--model") + 1] == model_flag
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    if volume is not None:
+        assert volumes["model"]["persistentVolumeClaim"] == volume
+    assert ("initContainers" in pod) == uri.startswith("hf://")
+    if uri.startswith("file://"):
+        assert "model" not in volumes
+
+
+def test_hf_download_init_container_takes_inputs_from_env_and_secret() -> None:
+    spec = {"model": {"uri": "hf://org/name", "revision": "v2", "tokenSecretRef": {"name": "hf", "key": "t"}}}
+    pod = by_kind(render(model_from(spec), SETTINGS, service_monitor_api=False))["Deployment"]["spec"]["template"]
+    (init,) = pod["spec"]["initContainers"]
+    env = {e["name"]: e for e in init["env"]}
+    assert env["HF_REPO_ID"]["value"] == "org/name" and env["HF_REVISION"]["value"] == "v2"
+    assert env["HF_TARGET"]["value"] == "/models/org/name"
+    assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "t"}}
+    assert "org/name" not in " ".join(init["command"])  # no spec text inside the script
+    assert init["image"] == SETTINGS.worker_image
+    worker_env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    assert worker_env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_config_hash_follows_the_spec_and_nothing_else() -> None:
+    base = render(model_from({}), SETTINGS, service_monitor_api=False).config_hash
+    assert render(model_from({}), SETTINGS, service_monitor_api=True).config_hash == base
+    assert render(model_from({"scoring": {"maxBatchTokens": 4096}}), SETTINGS,
+                  service_monitor_api=False).config_hash != base
+    assert render(model_from({"image": "other:2"}), SETTINGS, service_monitor_api=False).config_hash != base
+
+
+def test_image_defaults_to_the_operator_setting() -> None:
+    pod = by_kind(render(model_from({}), SETTINGS, service_monitor_api=False))["Deployment"]["spec"]["template"]
+    assert pod["spec"]["containers"][0]["image"] == "registry.example/worker:1"
+    custom = by_kind(render(model_from({"image": "mine:3"}), SETTINGS, service_monitor_api=False))["Deployment"]
+    assert custom["spec"]["template"]["spec"]["containers"][0]["image"] == "mine:3"
+
+
+def test_scheduling_passes_through() -> None:
+    spec = {"scheduling": {"nodeSelector": {"pool": "gpu"}, "priorityClassName": "inference",
+                           "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml"}],
+                           "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                               {"weight": 1, "preference": {"matchExpressions": [
+                                   {"key": "zone", "operator": "In", "values": ["a"]}]}}]}}}}
+    deployment = by_kind(render(model_from(spec), SETTINGS, service_monitor_api=False))["Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "gpu"} and pod["priorityClassName"] == "inference"
+    assert pod["affinity"] == spec["scheduling"]["affinity"]
+    assert pod["tolerations"] == spec["scheduling"]["tolerations"]
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(deployment, version, strict=True)

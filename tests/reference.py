@@ -1,0 +1,227 @@
+"""Independent reference scorer: plain transformers forwards, one sequence at a time, no server code.
+
+Everything here runs batch 1 without padding, so there is no attention mask, padding side or packing to get wrong;
+the server's batched / multi-item results are compared against these numbers. Post-processing (softmax, sigmoid,
+cosine) is done in float64 so that the reference adds no rounding of its own.
+
+Token-level join (spec "Score semantics"):
+- decoders: `tokenizer(query)` with default special tokens (BOS if the tokenizer adds one) + `tokenizer(item)` without
+  any; with item_first the roles swap.
+- cross-encoders: the tokenizer's own pair encoding of (query, item) (CLS/SEP template, token_type_ids), called in
+  batch form `tokenizer([query], [item])` because the single form drops an empty item (see encode_pair).
+- embedding models: every text alone with default special tokens.
+
+The score functions take token ids, so token-id requests can be checked with the same code.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+ENCODER_MODEL_TYPES = {"bert", "roberta", "xlm-roberta"}
+
+
+# ----------------------------------------------------------------------------------------------------- loading
+
+
+def model_kind(path: Path | str) -> str:
+    """The model kind, "causal_lm", "classifier" or "embedding", from config.architectures (and modules.json)."""
+    path = Path(path)
+    architectures = json.loads((path / "config.json").read_text()).get("architectures") or []
+    arch = architectures[0] if architectures else ""
+    if arch.endswith("ForCausalLM"):
+        return "causal_lm"
+    if arch.endswith("ForSequenceClassification"):
+        return "classifier"
+    if (path / "modules.json").is_file():
+        return "embedding"
+    raise ValueError(f"cannot tell the model kind of {path} (architectures={architectures})")
+
+
+def load_model(
+    path: Path | str, attn_implementation: str | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+    """Load (model in eval mode, float32, on CPU; tokenizer; kind) the plain transformers way.
+
+    The attention implementation is transformers' default ("sdpa"), except for models with attention logit
+    softcapping (Gemma2): transformers 5.18's sdpa path silently drops the softcap, which moves tiny-Gemma2 scores by
+    ~1e-3, so the reference uses "eager", the implementation that matches the model's definition.
+    """
+    from transformers import (
+        AutoConfig,
+        AutoModel,
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+    )
+
+    kind = model_kind(path)
+    if attn_implementation is None and getattr(AutoConfig.from_pretrained(path), "attn_logit_softcapping", None):
+        attn_implementation = "eager"
+    auto_class: Any = {
+        "causal_lm": AutoModelForCausalLM,
+        "classifier": AutoModelForSequenceClassification,
+        "embedding": AutoModel,
+    }[kind]
+    kwargs: dict[str, Any] = {"dtype": "float32"}
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    model = auto_class.from_pretrained(path, **kwargs).eval()
+    return model, AutoTokenizer.from_pretrained(path), kind
+
+
+# ----------------------------------------------------------------------------------------------------- encoding
+
+
+def encode_decoder(tokenizer: PreTrainedTokenizerBase, query_text: str, item_text: str, item_first: bool) -> list[int]:
+    """Decoder join: first text with the tokenizer's default specials (BOS or nothing), second text with none."""
+    first, second = (item_text, query_text) if item_first else (query_text, item_text)
+    return list(tokenizer(first)["input_ids"]) + list(tokenizer(second, add_special_tokens=False)["input_ids"])
+
+
+def encode_pair(
+    tokenizer: PreTrainedTokenizerBase, query_text: str, item_text: str, item_first: bool
+) -> tuple[list[int], list[int] | None]:
+    """Cross-encoder join: the tokenizer's own pair encoding. token_type_ids is None when the tokenizer has none
+    (XLM-R).
+
+    Called in batch form on purpose: transformers 5.18's `tokenizer(a, "")` treats an empty text_pair as "no pair"
+    and returns `[CLS] a [SEP]`, while the pair template gives `[CLS] a [SEP] [SEP]` (what `tokenizer([a], [""])`,
+    sentence-transformers' CrossEncoder and separate tokenization joined with the template all give).
+    """
+    first, second = (item_text, query_text) if item_first else (query_text, item_text)
+    enc = tokenizer([first], [second])
+    token_type_ids = enc.get("token_type_ids")
+    return list(enc["input_ids"][0]), (list(token_type_ids[0]) if token_type_ids is not None else None)
+
+
+def encode_single(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """Embedding models: each text alone, with the tokenizer's default special tokens."""
+    return list(tokenizer(text)["input_ids"])
+
+
+# ----------------------------------------------------------------------------------------------------- forwards
+
+
+def _tensor(ids: list[int], model: PreTrainedModel) -> torch.Tensor:
+    import torch
+
+    if not ids:
+        raise ValueError("a sequence needs at least one token")
+    return torch.tensor([ids], dtype=torch.long, device=model.device)
+
+
+def _is_encoder(model: PreTrainedModel) -> bool:
+    return model.config.model_type in ENCODER_MODEL_TYPES
+
+
+def _check_temperature(apply_softmax: bool, temperature: float) -> None:
+    if temperature <= 0:
+        raise ValueError("temperature must be > 0")
+    if not apply_softmax and temperature != 1.0:
+        raise ValueError("temperature != 1 requires apply_softmax (spec)")
+
+
+def causal_lm_scores(
+    model: PreTrainedModel, ids: list[int], label_ids: list[int], apply_softmax: bool, temperature: float = 1.0
+) -> list[float]:
+    """Label-token scores at the last position.
+
+    apply_softmax=False: exp(log_softmax(logits over the full vocab))[labels] (true probabilities).
+    apply_softmax=True: softmax(logits[labels] / temperature) over the label set.
+    """
+    import torch
+
+    _check_temperature(apply_softmax, temperature)
+    with torch.no_grad():
+        logits = model(input_ids=_tensor(ids, model)).logits[0, -1].double()
+    labels = torch.tensor(label_ids, dtype=torch.long, device=logits.device)
+    if apply_softmax:
+        return torch.softmax(logits[labels] / temperature, dim=-1).tolist()
+    return torch.log_softmax(logits, dim=-1)[labels].exp().tolist()
+
+
+def _pooled_tensor(model: PreTrainedModel, ids: list[int], token_type_ids: list[int] | None) -> torch.Tensor:
+    """The classifier head's input for one sequence (see classifier_pooled)."""
+    import torch
+
+    input_ids = _tensor(ids, model)
+    kwargs: dict[str, Any] = {}
+    if token_type_ids is not None:
+        kwargs["token_type_ids"] = torch.tensor([token_type_ids], dtype=torch.long, device=model.device)
+    with torch.no_grad():
+        out = model.base_model(input_ids=input_ids, **kwargs)
+    model_type = model.config.model_type
+    if model_type == "bert":
+        return out.pooler_output[0]  # BertForSequenceClassification: classifier(dropout(pooler_output))
+    if model_type in ("roberta", "xlm-roberta"):
+        return out.last_hidden_state[0, 0]  # RobertaClassificationHead takes features[:, 0, :] (the <s> token)
+    # Decoder SeqCls: final hidden state (after the final norm) at the last token.
+    return out.last_hidden_state[0, -1]
+
+
+def classifier_pooled(model: PreTrainedModel, ids: list[int], token_type_ids: list[int] | None = None) -> list[float]:
+    """Pre-head vector: decoder SeqCls -> final-norm hidden state at the last token; BERT -> pooler output;
+    XLM-R/RoBERTa -> hidden state of the first token."""
+    return _pooled_tensor(model, ids, token_type_ids).double().tolist()
+
+
+def classifier_scores(
+    model: PreTrainedModel,
+    ids: list[int],
+    token_type_ids: list[int] | None,
+    apply_softmax: bool,
+    temperature: float = 1.0,
+) -> list[float]:
+    """The model's own head output for one sequence.
+
+    apply_softmax=False: raw logits. True: softmax(logits / T) over classes, or sigmoid(logit / T) for num_labels=1.
+
+    Decoder SeqCls models are scored by applying their `score` head to the last token's hidden state. HF's own
+    forward instead pools at the rightmost token that is not pad_token_id, which differs only when the sequence ends
+    with the pad token (a server pools at the sequence's last token; tests check the two agree otherwise).
+    """
+    import torch
+
+    _check_temperature(apply_softmax, temperature)
+    with torch.no_grad():
+        if _is_encoder(model):
+            kwargs: dict[str, Any] = {}
+            if token_type_ids is not None:
+                kwargs["token_type_ids"] = torch.tensor([token_type_ids], dtype=torch.long, device=model.device)
+            logits = model(input_ids=_tensor(ids, model), **kwargs).logits[0]
+        else:
+            logits = model.score(_pooled_tensor(model, ids, None))
+    logits = logits.double()
+    if not apply_softmax:
+        return logits.tolist()
+    if logits.numel() == 1:
+        return torch.sigmoid(logits / temperature).tolist()
+    return torch.softmax(logits / temperature, dim=-1).tolist()
+
+
+def _mean_pooled(model: PreTrainedModel, ids: list[int]) -> torch.Tensor:
+    import torch
+
+    with torch.no_grad():
+        hidden = model(input_ids=_tensor(ids, model)).last_hidden_state[0]
+    return hidden.double().mean(dim=0)
+
+
+def embedding_pooled(model: PreTrainedModel, ids: list[int]) -> list[float]:
+    """Mean over all tokens of the last hidden state (not normalized)."""
+    return _mean_pooled(model, ids).tolist()
+
+
+def embedding_scores(model: PreTrainedModel, query_ids: list[int], item_ids: list[int]) -> list[float]:
+    """[cosine(mean-pooled query, mean-pooled item)]."""
+    import torch
+
+    query, item = _mean_pooled(model, query_ids), _mean_pooled(model, item_ids)
+    return [torch.nn.functional.cosine_similarity(query, item, dim=0).item()]

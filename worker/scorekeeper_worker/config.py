@@ -1,0 +1,82 @@
+"""Worker configuration: one typed object built from flags, environment and an optional config file."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class DType(StrEnum):
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    AUTO = "auto"
+
+
+class Device(StrEnum):
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+class PooledHiddenStates(StrEnum):
+    ALLOWED = "allowed"
+    FORBIDDEN = "forbidden"
+
+
+class AttentionBackendName(StrEnum):
+    AUTO = "auto"
+    SDPA = "sdpa"
+    FLEX = "flex"
+
+
+class WorkerConfig(BaseModel):
+    """Everything `scorekeeper-worker serve` accepts; field names are the flag names with `_` for `-`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: Path
+    served_name: str | None = None
+    dtype: DType = DType.FLOAT32
+    device: Device = Device.CPU
+    host: str = "0.0.0.0"
+    port: int = Field(8000, ge=1, le=65535)
+    max_batch_tokens: int = Field(8192, ge=16)
+    max_queue_tokens: int = Field(262144, ge=16)
+    max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    max_items_per_request: int = Field(4096, ge=1)
+    pooled_hidden_states: PooledHiddenStates = PooledHiddenStates.ALLOWED
+    multi_item_scoring: bool = False
+    multi_item_scoring_delimiter: int | None = Field(None, ge=0)
+    cuda_graph: bool = False
+    cuda_graph_token_buckets: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192)
+    cuda_graph_max_tokens: int = Field(8192, ge=16)
+    cuda_graph_max_seqs: int = Field(256, ge=1)
+    attention_backend: AttentionBackendName = AttentionBackendName.AUTO
+    drain_timeout_seconds: float = Field(30.0, ge=0)
+    log_level: str = "info"
+
+    @field_validator("cuda_graph_token_buckets", mode="before")
+    @classmethod
+    def _split_buckets(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(int(part) for part in value.split(",") if part.strip())
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> WorkerConfig:
+        buckets = self.cuda_graph_token_buckets
+        if not buckets or any(b <= a for a, b in zip(buckets, buckets[1:], strict=False)):
+            raise ValueError("cuda_graph_token_buckets must be non-empty and strictly increasing")
+        if buckets[-1] > self.cuda_graph_max_tokens:
+            raise ValueError("cuda_graph_token_buckets must not exceed cuda_graph_max_tokens")
+        return self
+
+    @property
+    def mis_enabled(self) -> bool:
+        """A delimiter implies multi-item scoring, as in SGLang."""
+        return self.multi_item_scoring or self.multi_item_scoring_delimiter is not None
+
+    @property
+    def name(self) -> str:
+        return self.served_name or self.model.name

@@ -1,0 +1,116 @@
+"""A scoring job: one request's parameters and results, filled in as its pooled rows come out of batches."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from scorekeeper_worker import heads
+from scorekeeper_worker.loader import ModelKind, ScoringModel
+from scorekeeper_worker.planning import QUERY_SLOT
+
+
+@dataclass
+class JobResult:
+    scores: list[list[float]]
+    pooled_hidden_states: list[list[float]] | None
+    prompt_tokens: int
+    multi_item: bool
+    queue_seconds: float
+
+
+@dataclass
+class CopyStats:
+    """Device→host copy of pooled hidden states, for the copy-overhead metrics."""
+
+    vectors: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class ScoreJob:
+    num_items: int
+    apply_softmax: bool
+    temperature: float
+    labels: list[list[int]] | None  # causal LM: one label list per item
+    want_pooled: bool
+    prompt_tokens: int
+    multi_item: bool
+    future: asyncio.Future[JobResult]
+    loop: asyncio.AbstractEventLoop
+    enqueued_at: float = field(default_factory=time.perf_counter)
+    started_at: float | None = None
+    remaining: int = 0
+    scores: list[list[float] | None] = field(default_factory=list)
+    pooled: list[list[float] | None] = field(default_factory=list)
+    query_embedding: torch.Tensor | None = None
+    closed: bool = False  # finished or failed: no more work or results
+
+    def __post_init__(self) -> None:
+        self.scores = [None] * self.num_items
+        self.pooled = [None] * self.num_items
+
+    @property
+    def cancelled(self) -> bool:
+        return self.future.cancelled()
+
+    def absorb(self, model: ScoringModel, slots: list[int], rows: torch.Tensor, copies: CopyStats) -> None:
+        """Score this job's pooled rows from one batch (slot = item index, or QUERY_SLOT)."""
+        if model.kind == ModelKind.EMBEDDING and QUERY_SLOT in slots:
+            at = slots.index(QUERY_SLOT)
+            self.query_embedding = rows[at]
+            slots, rows = slots[:at] + slots[at + 1 :], torch.cat([rows[:at], rows[at + 1 :]])
+        if not slots:
+            return
+        features = heads.pre_head(model, rows.to(model.dtype))
+        if model.kind == ModelKind.CAUSAL_LM:
+            assert self.labels is not None
+            labels = torch.tensor([self.labels[s] for s in slots], device=rows.device)
+            scores = heads.causal_lm_scores(model, features, labels, self.apply_softmax, self.temperature)
+        elif model.kind == ModelKind.EMBEDDING:
+            assert self.query_embedding is not None  # the query unit is planned first, so it is scored first
+            scores = heads.cosine_scores(self.query_embedding, rows)
+        else:
+            logits = heads.classifier_logits(model, features)
+            scores = heads.classifier_scores(logits, self.apply_softmax, self.temperature)
+        for slot, row in zip(slots, scores.tolist(), strict=True):
+            self.scores[slot] = row
+        if self.want_pooled:
+            started = time.perf_counter()
+            host = features.to("cpu")  # the copy being measured (synchronous: the values are needed now)
+            copies.seconds += time.perf_counter() - started
+            copies.vectors += host.shape[0]
+            copies.bytes += host.numel() * host.element_size()
+            for slot, vector in zip(slots, host.float().tolist(), strict=True):
+                self.pooled[slot] = vector
+        self.remaining -= len(slots)
+
+    def finish(self) -> None:
+        """Resolve the future from the executor thread (the event loop owns it)."""
+        self.closed = True
+        result = JobResult(
+            scores=[row for row in self.scores if row is not None],
+            pooled_hidden_states=[v for v in self.pooled if v is not None] if self.want_pooled else None,
+            prompt_tokens=self.prompt_tokens,
+            multi_item=self.multi_item,
+            queue_seconds=(self.started_at or self.enqueued_at) - self.enqueued_at,
+        )
+        self.loop.call_soon_threadsafe(_set_result, self.future, result)
+
+    def fail(self, error: BaseException) -> None:
+        self.closed = True
+        self.loop.call_soon_threadsafe(_set_exception, self.future, error)
+
+
+def _set_result(future: asyncio.Future[JobResult], result: JobResult) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _set_exception(future: asyncio.Future[JobResult], error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)

@@ -1,0 +1,69 @@
+"""Every Prometheus metric the worker exports, defined once, in base units, with deliberate buckets."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+# Stage latencies on CPU range from ~100 µs (tokenizing a short text) to tens of seconds (a long batch).
+STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# Device→host copies of a few pooled vectors take microseconds; thousands of large vectors take milliseconds.
+COPY_BUCKETS = (1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5)
+TOKEN_BUCKETS = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+STAGES = ("tokenize", "queue", "forward", "scoring", "serialize", "end_to_end")
+
+
+class WorkerMetrics:
+    """One instance per server; a private registry keeps tests and several apps in one process independent."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.stage_seconds = Histogram("scorekeeper_stage_duration_seconds", "Time spent per request stage",
+                                       ["stage"], buckets=STAGE_BUCKETS, registry=r)
+        self.requests = Counter("scorekeeper_requests_total", "HTTP requests by endpoint and status code",
+                                ["endpoint", "code"], registry=r)
+        self.rejected = Counter("scorekeeper_rejected_requests_total", "Requests refused for capacity",
+                                ["reason"], registry=r)
+        self.inflight = Gauge("scorekeeper_inflight_requests", "Requests being handled", registry=r)
+        self.queue_depth = Gauge("scorekeeper_queue_depth", "Requests admitted and not yet finished", registry=r)
+        self.queue_tokens = Gauge("scorekeeper_queue_tokens", "Tokens admitted and not yet run", registry=r)
+        self.batch_requests = Histogram("scorekeeper_batch_requests", "Requests with rows in one forward batch",
+                                        buckets=COUNT_BUCKETS, registry=r)
+        self.batch_sequences = Histogram("scorekeeper_batch_sequences", "Pack units (context rows) per batch",
+                                         buckets=COUNT_BUCKETS, registry=r)
+        self.batch_tokens = Histogram("scorekeeper_batch_tokens", "Tokens per forward batch",
+                                      buckets=TOKEN_BUCKETS, registry=r)
+        self.padding_tokens = Counter("scorekeeper_padding_tokens_total",
+                                      "Pad tokens run through the model (zero when packed; graph buckets pad)",
+                                      registry=r)
+        self.items = Counter("scorekeeper_items_scored_total", "Items scored", ["mode"], registry=r)
+        self.prompt_tokens = Counter("scorekeeper_prompt_tokens_total", "Tokens run through the model for requests",
+                                     registry=r)
+        self.score_requests = Counter("scorekeeper_score_requests_total", "Scored requests by execution mode",
+                                      ["mode"], registry=r)
+        self.hidden_copy_bytes = Counter("scorekeeper_hidden_state_copy_bytes_total",
+                                         "Bytes of pooled hidden states copied device→host", registry=r)
+        self.hidden_copy_seconds = Histogram("scorekeeper_hidden_state_copy_seconds",
+                                             "Device→host copy time of pooled hidden states per batch",
+                                             buckets=COPY_BUCKETS, registry=r)
+        self.hidden_copy_vectors = Counter("scorekeeper_hidden_state_copy_vectors_total",
+                                           "Pooled hidden-state vectors copied to the host", registry=r)
+        self.hidden_requests = Counter("scorekeeper_hidden_state_requests_total",
+                                       "Requests asking for pooled hidden states", registry=r)
+        self.model_load_seconds = Gauge("scorekeeper_model_load_seconds", "Time to load the model", registry=r)
+        self.warmup_seconds = Gauge("scorekeeper_warmup_seconds", "Time of the warm-up batch", registry=r)
+        self.ready = Gauge("scorekeeper_ready", "1 when the model is loaded and warm", registry=r)
+        self.info = Info("scorekeeper_model", "Served model", registry=r)
+        self.graph_runs = Counter("scorekeeper_cuda_graph_runs_total", "Forward batches by execution path",
+                                  ["path", "bucket"], registry=r)
+        self.graph_capture_failures = Counter("scorekeeper_cuda_graph_capture_failures_total",
+                                              "CUDA graph captures that fell back to eager", registry=r)
+        for stage in STAGES:
+            self.stage_seconds.labels(stage)  # export every series from the start so dashboards have data
+        for mode in ("multi_item", "single_item"):
+            self.items.labels(mode)
+            self.score_requests.labels(mode)
+        for reason in ("queue_full", "body_too_large"):
+            self.rejected.labels(reason)
+        self.graph_runs.labels("eager", "none")

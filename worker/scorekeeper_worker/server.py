@@ -1,0 +1,150 @@
+"""HTTP: FastAPI routes, error mapping (400/413/429/503, never 500 for bad input), metrics, graceful drain."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import uvicorn
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
+
+from scorekeeper_worker.config import WorkerConfig
+from scorekeeper_worker.metrics import WorkerMetrics
+from scorekeeper_worker.rerank import rerank
+from scorekeeper_worker.scheduler import Overloaded
+from scorekeeper_worker.schemas import (
+    BadRequest,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    RerankRequest,
+    RerankResponse,
+    ScoreRequest,
+    ScoreResponse,
+)
+from scorekeeper_worker.service import NotReady, ScoringService
+
+log = logging.getLogger(__name__)
+RETRY_AFTER_SECONDS = "1"
+
+
+def _error(code: int, kind: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    body = ErrorResponse(message=message, type=kind, code=code).model_dump()
+    return JSONResponse(body, status_code=code, headers=headers)
+
+
+def _validation_message(error: ValidationError | RequestValidationError) -> str:
+    parts = []
+    for detail in error.errors():
+        where = ".".join(str(p) for p in detail.get("loc", ()) if p != "body")
+        message = str(detail.get("msg", "")).removeprefix("Value error, ")
+        parts.append(f"{where}: {message}" if where else message)
+    return "; ".join(parts)
+
+
+def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI:
+    metrics = WorkerMetrics()
+    service = ScoringService(config, metrics)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        def load() -> None:
+            try:
+                service.load()
+            except Exception:  # keep /health alive but never ready; the log says why
+                log.exception("model failed to load")
+
+        loader = threading.Thread(target=load, name="scorekeeper-load", daemon=True)
+        loader.start()
+        if not load_in_background:
+            loader.join()
+        yield
+        service.stop()  # uvicorn has already drained in-flight HTTP requests
+
+    app = FastAPI(title="Scorekeeper worker", version="0.1.0", lifespan=lifespan)
+    app.state.service = service
+    app.state.metrics = metrics
+
+    @app.middleware("http")
+    async def limits_and_metrics(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        started = time.perf_counter()
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > config.max_request_bytes:
+            metrics.rejected.labels("body_too_large").inc()
+            response: Response = _error(413, "RequestTooLarge",
+                                        f"body of {length} bytes exceeds the limit of {config.max_request_bytes}")
+        else:
+            metrics.inflight.inc()
+            try:
+                response = await call_next(request)
+            finally:
+                metrics.inflight.dec()
+        metrics.requests.labels(request.url.path, str(response.status_code)).inc()
+        if request.url.path in ("/v1/score", "/v1/rerank"):
+            metrics.stage_seconds.labels("end_to_end").observe(time.perf_counter() - started)
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def on_schema_error(_: Request, error: RequestValidationError) -> JSONResponse:
+        return _error(400, "BadRequestError", _validation_message(error))
+
+    @app.exception_handler(BadRequest)
+    async def on_bad_request(_: Request, error: BadRequest) -> JSONResponse:
+        return _error(400, "BadRequestError", str(error))
+
+    @app.exception_handler(Overloaded)
+    async def on_overload(_: Request, error: Overloaded) -> JSONResponse:
+        metrics.rejected.labels("queue_full").inc()
+        return _error(429, "TooManyRequests", f"server busy: {error}", {"Retry-After": RETRY_AFTER_SECONDS})
+
+    @app.exception_handler(NotReady)
+    async def on_not_ready(_: Request, error: NotReady) -> JSONResponse:
+        return _error(503, "ServiceUnavailable", str(error), {"Retry-After": RETRY_AFTER_SECONDS})
+
+    @app.post("/v1/score", response_model=ScoreResponse, responses={400: {"model": ErrorResponse}})
+    async def score(request: ScoreRequest) -> Response:
+        response = await service.score(request)
+        started = time.perf_counter()
+        body = Response(response.model_dump_json(), media_type="application/json")
+        metrics.stage_seconds.labels("serialize").observe(time.perf_counter() - started)
+        return body
+
+    @app.post("/v1/rerank", response_model=RerankResponse, responses={400: {"model": ErrorResponse}})
+    async def rerank_route(request: RerankRequest) -> RerankResponse:
+        return await rerank(service, request)
+
+    @app.get("/v1/models", response_model=ModelList)
+    async def models() -> ModelList:
+        model = service.model
+        cards = [] if model is None else [ModelCard(id=model.name, kind=model.kind.value,
+                                                    max_positions=model.max_positions)]
+        return ModelList(data=cards)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "alive"}
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        if service.ready:
+            return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "loading"}, status_code=503)
+
+    @app.get("/metrics")
+    async def metrics_route() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def run(config: WorkerConfig) -> None:
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=config.log_level,
+                timeout_graceful_shutdown=int(config.drain_timeout_seconds) or None)

@@ -1,0 +1,123 @@
+"""The scoring service: request checks against the loaded model, tokenization, submission, response assembly."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from scorekeeper_worker.config import PooledHiddenStates, WorkerConfig
+from scorekeeper_worker.executor import Executor
+from scorekeeper_worker.jobs import ScoreJob
+from scorekeeper_worker.loader import ModelKind, ScoringModel, load_model
+from scorekeeper_worker.metrics import WorkerMetrics
+from scorekeeper_worker.planning import plan, tokenize
+from scorekeeper_worker.scheduler import Scheduler
+from scorekeeper_worker.schemas import BadRequest, ScoreRequest, ScoreResponse, Usage
+
+log = logging.getLogger(__name__)
+
+
+class NotReady(Exception):
+    """The model is still loading or warming up."""
+
+
+def _label_lists(model: ScoringModel, request: ScoreRequest, num_items: int) -> list[list[int]] | None:
+    if model.kind != ModelKind.CAUSAL_LM:
+        return None  # ignored for classifier, reward, cross-encoder and embedding models (SGLang does the same)
+    labels = request.label_token_ids
+    if labels is None:
+        raise BadRequest("label_token_ids is required for causal LM models")
+    per_item = bool(labels) and isinstance(labels[0], list)
+    lists: list[list[int]] = labels if per_item else [labels] * num_items  # type: ignore[list-item,assignment]
+    if per_item and len(lists) != num_items:
+        raise BadRequest(f"label_token_ids: {len(lists)} lists for {num_items} items; give one list per item")
+    for row in lists if per_item else [labels]:  # type: ignore[list-item]
+        if not row:
+            raise BadRequest("label_token_ids must not be empty")
+        if len(set(row)) != len(row):
+            raise BadRequest("label_token_ids must not contain duplicates")
+        for token in row:
+            if not 0 <= token < model.logit_size:
+                raise BadRequest(f"label_token_ids: token id {token} is out of range [0, {model.logit_size}) "
+                                 "(the model's logit size)")
+    return lists
+
+
+class ScoringService:
+    def __init__(self, config: WorkerConfig, metrics: WorkerMetrics) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.model: ScoringModel | None = None
+        self.scheduler: Scheduler | None = None
+        self.ready = False
+
+    def load(self) -> None:
+        """Load, start the model thread, run one warm-up batch; only then report ready."""
+        started = time.perf_counter()
+        model = load_model(self.config.model, self.config.dtype, self.config.device.value, self.config.name)
+        delimiter = self.config.multi_item_scoring_delimiter
+        if delimiter is not None and delimiter >= model.model.get_input_embeddings().num_embeddings:
+            raise ValueError(f"--multi-item-scoring-delimiter {delimiter} is outside the vocabulary "
+                             f"(size {model.model.get_input_embeddings().num_embeddings})")
+        self.metrics.model_load_seconds.set(time.perf_counter() - started)
+        self.metrics.info.info({"model": model.name, "kind": model.kind.value, "dtype": str(model.dtype),
+                                "device": str(model.device)})
+        self.model = model
+        self.scheduler = Scheduler(Executor(model), self.config.max_batch_tokens, self.config.max_queue_tokens,
+                                   self.metrics)
+        self.scheduler.start()
+        started = time.perf_counter()
+        asyncio.run(self._warm_up())
+        self.metrics.warmup_seconds.set(time.perf_counter() - started)
+        self.ready = True
+        self.metrics.ready.set(1)
+        log.info("ready: %s", model.name)
+
+    async def _warm_up(self) -> None:
+        query = "warm up" if self.model and self.model.kind != ModelKind.CAUSAL_LM else "warm"
+        await self.score(ScoreRequest(query=query, items=["a short item", "another item"], label_token_ids=[0, 1]))
+
+    async def score(self, request: ScoreRequest) -> ScoreResponse:
+        if self.model is None or self.scheduler is None:
+            raise NotReady("model is loading")
+        model = self.model
+        items = request.item_list
+        if len(items) > self.config.max_items_per_request:
+            raise BadRequest(f"items: {len(items)} items exceed the limit of {self.config.max_items_per_request}")
+        labels = _label_lists(model, request, len(items))
+        if request.return_pooled_hidden_states:
+            if model.kind == ModelKind.CAUSAL_LM:
+                raise BadRequest("return_pooled_hidden_states is not supported for causal LM models; it needs a "
+                                 "model with a task head (classifier, reward, cross-encoder) or an embedding model")
+            if self.config.pooled_hidden_states == PooledHiddenStates.FORBIDDEN:
+                raise BadRequest("return_pooled_hidden_states is disabled on this server")
+            self.metrics.hidden_requests.inc()
+        if not items:
+            return ScoreResponse(scores=[], model=request.model, usage=Usage(prompt_tokens=0, total_tokens=0),
+                                 pooled_hidden_states=[] if request.return_pooled_hidden_states else None)
+        started = time.perf_counter()
+        tokens = await asyncio.to_thread(tokenize, model, request)
+        multi_item = model.is_decoder and (request.multi_item_scoring if request.multi_item_scoring is not None
+                                           else self.config.mis_enabled)
+        loop = asyncio.get_running_loop()
+        job = ScoreJob(num_items=len(items), apply_softmax=request.apply_softmax, temperature=request.temperature,
+                       labels=labels, want_pooled=request.return_pooled_hidden_states, prompt_tokens=0,
+                       multi_item=False, future=loop.create_future(), loop=loop)
+        score_plan = plan(model, request, tokens, job, multi_item, self.config.max_batch_tokens,
+                          self.config.multi_item_scoring_delimiter)
+        job.prompt_tokens, job.multi_item = score_plan.prompt_tokens, score_plan.multi_item
+        self.metrics.stage_seconds.labels("tokenize").observe(time.perf_counter() - started)
+        self.scheduler.submit(job, score_plan.units)
+        result = await job.future
+        mode = "multi_item" if result.multi_item else "single_item"
+        self.metrics.items.labels(mode).inc(len(items))
+        self.metrics.score_requests.labels(mode).inc()
+        self.metrics.prompt_tokens.inc(result.prompt_tokens)
+        return ScoreResponse(scores=result.scores, pooled_hidden_states=result.pooled_hidden_states,
+                             model=request.model,
+                             usage=Usage(prompt_tokens=result.prompt_tokens, total_tokens=result.prompt_tokens))
+
+    def stop(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.stop(self.config.drain_timeout_seconds)
