@@ -18,5 +18,18 @@ def contains(live: Any, desired: Any) -> bool:
     return bool(live == desired)
 
 
+def applies_field(obj: dict[str, Any], manager: str, path: tuple[str, ...]) -> bool:
+    """Does `manager` own this field through server-side apply (per metadata.managedFields)?"""
+    for entry in obj.get("metadata", {}).get("managedFields") or []:
+        if entry.get("manager") != manager or entry.get("operation") != "Apply":
+            continue
+        fields = entry.get("fieldsV1") or {}
+        for key in path:
+            fields = fields.get(f"f:{key}") if isinstance(fields, dict) else None
+        if fields is not None:
+            return True
+    return False
+
+
 def owned_by(obj: dict[str, Any], uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in obj.get("metadata", {}).get("ownerReferences") or [])

@@ -45,7 +45,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="scorekeeper.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="scorekeeper.dev", key="last-handled-configuration")
-    # Events only for problems (kopf would otherwise post one per successful handler run).
+    # Events only for problems: our own warnings (reconcile_model), never one per successful handler run.
     settings.posting.level = logging.WARNING
     # Without a server-side timeout a watch can stall silently behind some load balancers (kopf#698).
     settings.watching.server_timeout = 300
@@ -69,15 +69,17 @@ def probe(memo: kopf.Memo, **_: Any) -> str:
 @kopf.on.resume(*SCORING_MODEL)
 @kopf.on.create(*SCORING_MODEL)
 @kopf.on.update(*SCORING_MODEL, field="spec")
-async def reconcile_model(name: str, namespace: str, retry: int, memo: kopf.Memo, **_: Any) -> None:
+async def reconcile_model(name: str, namespace: str, body: kopf.Body, retry: int, memo: kopf.Memo,
+                          **_: Any) -> None:
     reconciler: Reconciler = memo.reconciler
     try:
         error = await reconciler.reconcile(namespace, name)
     except TransientApiError as exc:
         raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=reconciler.settings.retry_delay(retry)) from exc
     if error is not None:
-        # Already in status as ConfigValid=False; PermanentError stops retries (until the spec changes) and
-        # posts a Warning event, so `kubectl describe` shows the reason too.
+        # Already in status as ConfigValid=False. A Warning event makes `kubectl describe` show it too;
+        # PermanentError stops kopf's retries until the spec changes again.
+        kopf.warn(body, reason=error.reason, message=error.message)
         raise kopf.PermanentError(f"{error.reason}: {error.message}")
 
 

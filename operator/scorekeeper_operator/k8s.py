@@ -19,6 +19,9 @@ import kubernetes.config
 import urllib3.exceptions
 
 FIELD_MANAGER = "scorekeeper-operator"
+# Applies spec.replicas once, with the live value, before we stop applying it, so that it is not reset to the
+# default (1) between our giving it up and the HPA's first write (Kubernetes docs: SSA, "Transferring ownership").
+HANDOVER_FIELD_MANAGER = "scorekeeper-operator-handover"
 DISCOVERY_TTL_SECONDS = 60.0
 
 
@@ -32,7 +35,8 @@ class ResourceRef:
         return f"/api/{self.api_version}" if "/" not in self.api_version else f"/apis/{self.api_version}"
 
     def path(self, namespace: str | None = None, name: str | None = None, subresource: str | None = None) -> str:
-        parts = [self.group_version_path, *(["namespaces", namespace] if namespace else []), self.plural, name, subresource]
+        scope = ["namespaces", namespace] if namespace else []
+        parts = [self.group_version_path, *scope, self.plural, name, subresource]
         return "/".join(p for p in parts if p)
 
 
@@ -131,11 +135,11 @@ class KubeApi:
         data = await self._call("GET", ref.path(namespace), query=[("labelSelector", label_selector)])
         return list(data.get("items") or [])
 
-    async def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
+    async def apply(self, manifest: dict[str, Any], field_manager: str = FIELD_MANAGER) -> dict[str, Any]:
         """Server-side apply (creates when absent); force: this operator is the authority for fields it sets."""
         ref = CHILD_KINDS[manifest["kind"]]
         meta = manifest["metadata"]
-        query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+        query = [("fieldManager", field_manager), ("force", "true")]
         # JSON is YAML, and the client serializes dict bodies as JSON for the apply-patch content type.
         result: dict[str, Any] = await self._call("PATCH", ref.path(meta["namespace"], meta["name"]), query=query,
                                                   body=manifest, content_type="application/apply-patch+yaml")

@@ -13,8 +13,17 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from scorekeeper_operator.drift import contains, owned_by
-from scorekeeper_operator.k8s import CHILD_KINDS, PODS, SCORING_MODELS, KubeApi, RejectedError, TransientApiError
+from scorekeeper_operator.drift import applies_field, contains, owned_by
+from scorekeeper_operator.k8s import (
+    CHILD_KINDS,
+    FIELD_MANAGER,
+    HANDOVER_FIELD_MANAGER,
+    PODS,
+    SCORING_MODELS,
+    KubeApi,
+    RejectedError,
+    TransientApiError,
+)
 from scorekeeper_operator.render import OPTIONAL_KINDS, Rendered, desired_replicas, endpoint, render, selector_string
 from scorekeeper_operator.settings import OperatorSettings
 from scorekeeper_operator.spec import InvalidSpec, ScoringModel
@@ -68,7 +77,7 @@ class Reconciler:
         return model, None
 
     async def _converge(self, model: ScoringModel, rendered: Rendered) -> ConfigError | None:
-        """Apply what is missing or drifted, delete optional children no longer wanted. Never touches foreign objects."""
+        """Apply what is missing or drifted, delete optional children no longer wanted, leave foreign objects be."""
         live = {m["kind"]: await self.api.get(CHILD_KINDS[m["kind"]], model.namespace, model.name)
                 for m in rendered.manifests}
         for kind, obj in live.items():
@@ -77,7 +86,11 @@ class Reconciler:
                                    " this ScoringModel; rename the ScoringModel or remove that object")
         for manifest in rendered.manifests:
             current = live[manifest["kind"]]
-            if current is None or not contains(current, manifest):
+            handover = current is not None and manifest["kind"] == "Deployment" \
+                and "replicas" not in manifest["spec"] and applies_field(current, FIELD_MANAGER, ("spec", "replicas"))
+            if handover:
+                await self._hand_over_replicas(current)  # then apply, to give up our ownership of replicas now
+            if current is None or handover or not contains(current, manifest):
                 try:
                     await self.api.apply(manifest)
                 except RejectedError as error:
@@ -91,13 +104,24 @@ class Reconciler:
                 await self.api.delete(CHILD_KINDS[kind], model.namespace, model.name, stale["metadata"]["uid"])
         return None
 
+    async def _hand_over_replicas(self, deployment: dict[str, Any]) -> None:
+        """Autoscaling was just switched on: keep the live replica count until the HPA takes it over."""
+        meta = deployment["metadata"]
+        await self.api.apply({"apiVersion": "apps/v1", "kind": "Deployment",
+                              "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+                              "spec": {"replicas": deployment["spec"].get("replicas", 1)}}, HANDOVER_FIELD_MANAGER)
+
     async def _write_status(self, body: dict[str, Any], status: dict[str, Any]) -> None:
         previous = body.get("status") or {}
         if status == previous:
             return  # unchanged: no write, no event, no loop
         removed = {key: None for key in previous if key not in status}  # merge-patch deletes keys set to null
         meta = body["metadata"]
-        await self.api.patch_status(SCORING_MODELS, meta["namespace"], meta["name"], {**removed, **status})
+        try:
+            await self.api.patch_status(SCORING_MODELS, meta["namespace"], meta["name"], {**removed, **status})
+        except RejectedError as error:
+            if error.status != 404:
+                raise  # 404: deleted since we read it; nothing left to report on
 
     # Child events arrive through kopf's on.event handlers, which kopf never retries: retry here, with backoff,
     # and coalesce bursts (a rollout emits many pod events) into one extra pass.

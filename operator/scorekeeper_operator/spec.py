@@ -7,6 +7,7 @@ before a rule existed, or with validation off, still arrive) and add what only t
 
 from __future__ import annotations
 
+import itertools
 import re
 from enum import StrEnum
 from typing import Any, Self
@@ -106,7 +107,7 @@ class CudaGraph(Spec):
     @model_validator(mode="after")
     def _buckets(self) -> Self:
         buckets = self.token_buckets
-        if any(b < 1 for b in buckets) or any(b <= a for a, b in zip(buckets, buckets[1:], strict=False)):
+        if any(b < 1 for b in buckets) or any(b <= a for a, b in itertools.pairwise(buckets)):
             raise ValueError("cudaGraph.tokenBuckets must be positive and strictly increasing")
         if buckets[-1] > self.max_tokens:
             raise ValueError("cudaGraph.tokenBuckets must not exceed cudaGraph.maxTokens")

@@ -25,10 +25,14 @@ class PodFailure:
         return SEVERITY.index(self.reason) if self.reason in SEVERITY else len(SEVERITY)
 
     def as_status(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        """The status.lastFailure shape (camelCase, absent rather than null)."""
+        fields = asdict(self)
+        fields["exitCode"] = fields.pop("exit_code")
+        return {k: v for k, v in fields.items() if v is not None}
 
     def same_incident(self, other: dict[str, Any]) -> bool:
-        return (self.reason, self.pod, self.container) == (other.get("reason"), other.get("pod"), other.get("container"))
+        mine = (self.reason, self.pod, self.container)
+        return mine == (other.get("reason"), other.get("pod"), other.get("container"))
 
 
 def _container_failure(pod: str, status: dict[str, Any]) -> PodFailure | None:

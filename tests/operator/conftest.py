@@ -4,9 +4,9 @@ and the record of every API call the operator makes (for deriving RBAC rules).""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+
 import pytest
 import pytest_asyncio
-
 from harness import Cluster, running_cluster, running_operator
 from kmock_ext import ApiCall
 from operator_scenario import record_operator_api_calls
@@ -22,7 +22,7 @@ async def cluster() -> AsyncIterator[Cluster]:
 @pytest_asyncio.fixture
 async def operator(cluster: Cluster) -> AsyncIterator[Cluster]:
     """The same cluster, with scorekeeper-operator's handlers running under kopf in this event loop."""
-    async with running_operator():
+    async with running_operator(cluster):
         yield cluster
 
 

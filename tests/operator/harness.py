@@ -9,23 +9,25 @@ import asyncio
 import contextlib
 import os
 import tempfile
+import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import crd_tools
 import kmock
 import kopf
 import yaml
 from kmock._internal import parsing
-
-import crd_tools
-from kmock_ext import HARNESS_HEADER, RealisticEmulator, parse_path_with_namespaces
+from kmock_ext import HARNESS_HEADER, RealisticEmulator
+from kmock_semantics import parse_path_with_namespaces
 
 T = TypeVar("T")
 GROUP_VERSION = "scorekeeper.dev/v1alpha1"
 HEADERS = {HARNESS_HEADER: "1"}
 NAMESPACE = "ml"
+NAMESPACES = (NAMESPACE, "elsewhere", "rbac")
 FAST_RETRIES = {"SCOREKEEPER_RETRY_BASE_SECONDS": "0.2", "SCOREKEEPER_RETRY_MAX_SECONDS": "1"}
 
 
@@ -86,6 +88,43 @@ class Cluster:
             await asyncio.sleep(0.05)
 
 
+async def add_worker_pod(cluster: Cluster, name: str, model: str = "reranker", *, ready: bool = True,
+                         namespace: str = NAMESPACE, **status: Any) -> None:
+    """What the ReplicaSet controller and kubelet would do: a pod from the Deployment's template, with a status."""
+    deployment = cluster.get("deployments", namespace, model)
+    assert deployment is not None, "no Deployment to make a pod for"
+    template = deployment["spec"]["template"]["metadata"]
+    await cluster.create("pods", namespace, {"metadata": {"name": name, "labels": template["labels"],
+                                                          "annotations": template["annotations"]},
+                                             "spec": deployment["spec"]["template"]["spec"]})
+    conditions = [{"type": "Ready", "status": "True" if ready else "False"}, *status.pop("conditions", [])]
+    await cluster.patch("pods", namespace, name, {"status": {"phase": "Running", "conditions": conditions, **status}},
+                        subresource="status")
+
+
+async def set_deployment_status(cluster: Cluster, ready: int, model: str = "reranker", *,
+                                namespace: str = NAMESPACE, **extra: Any) -> None:
+    """What the Deployment controller would report: `ready` pods, all on the newest template."""
+    deployment = cluster.get("deployments", namespace, model)
+    assert deployment is not None
+    want = deployment["spec"].get("replicas", 1)
+    status = {"observedGeneration": deployment["metadata"]["generation"], "replicas": want, "updatedReplicas": want,
+              "readyReplicas": ready, "availableReplicas": ready, **extra}
+    await cluster.patch("deployments", namespace, model, {"status": status}, subresource="status")
+
+
+async def quiet(cluster: Cluster, seconds: float = 0.5, timeout: float = 10.0) -> None:
+    """Wait until the operator has made no API call for `seconds` (its reaction to the last change is over)."""
+    deadline = time.monotonic() + timeout
+    seen = len(cluster.emulator.calls)
+    while time.monotonic() < deadline:
+        await asyncio.sleep(seconds)
+        if len(cluster.emulator.calls) == seen:
+            return
+        seen = len(cluster.emulator.calls)
+    raise AssertionError(f"the operator kept calling the API for {timeout}s")
+
+
 def _register_crd(emulator: RealisticEmulator, crd: dict[str, Any]) -> None:
     names, (version,) = crd["spec"]["names"], crd["spec"]["versions"]
     emulator.resources[f"{crd['spec']['group']}/{version['name']}/{names['plural']}"] = kmock.ResourceInfo(
@@ -139,35 +178,51 @@ async def running_cluster(*, service_monitor_api: bool = True) -> AsyncIterator[
                 # Never reach a real cluster from a CI pod: drop the in-cluster service-account hints.
                 with _environ({"KUBECONFIG": str(config)}, remove=("KUBERNETES_SERVICE_HOST",
                                                                    "KUBERNETES_SERVICE_PORT")):
-                    yield Cluster(emulator)
+                    cluster = Cluster(emulator)
+                    for namespace in NAMESPACES:  # kopf's namespaced mode only watches namespaces that exist
+                        await cluster._send("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
+                    yield cluster
     finally:
         parsing.parse_path = original_parse_path
 
 
 @contextlib.asynccontextmanager
-async def running_operator(env: dict[str, str] | None = None, namespaces: tuple[str, ...] = ()) -> AsyncIterator[None]:
-    """The operator's real handlers under kopf.operator(), as `scorekeeper-operator` would run them."""
+async def running_operator(cluster: Cluster, env: dict[str, str] | None = None,
+                           namespaces: tuple[str, ...] = ()) -> AsyncIterator[None]:
+    """The operator's real handlers under kopf.operator(), as `scorekeeper-operator` runs them.
+
+    kopf gets its own thread and event loop: on shutdown it cancels every task of its loop that it did not see
+    at start-up, which in a shared loop would include the test's own teardown.
+    """
     import scorekeeper_operator.handlers  # noqa: F401  (registers the handlers)
 
-    stop, ready = asyncio.Event(), asyncio.Event()
-    with _environ({**FAST_RETRIES, **(env or {})}):
-        task = asyncio.create_task(kopf.operator(
-            registry=kopf.get_default_registry(), clusterwide=not namespaces, namespaces=list(namespaces),
-            standalone=True, stop_flag=stop, ready_flag=ready, memo=kopf.Memo()))
-        await _first(asyncio.wait_for(ready.wait(), 15), task)
+    stop, ready = threading.Event(), threading.Event()
+    crashes: list[BaseException] = []
+
+    def operate() -> None:
         try:
+            asyncio.run(kopf.operator(
+                registry=kopf.get_default_registry(), clusterwide=not namespaces, namespaces=list(namespaces),
+                standalone=True, stop_flag=stop, ready_flag=ready, memo=kopf.Memo()))
+        except BaseException as error:  # surfaced in the test below
+            crashes.append(error)
+
+    with _environ({**FAST_RETRIES, **(env or {})}):
+        thread = threading.Thread(target=operate, name="kopf-operator", daemon=True)
+        thread.start()
+        started = await asyncio.to_thread(ready.wait, 15)
+        try:
+            if crashes:
+                raise crashes[0]
+            assert started, "the operator did not become ready"
+            # kopf's ready flag comes before its watches; stopping in between leaves hung tasks (seconds).
+            watching = {"scoringmodels", "pods", "deployments"}
+            await cluster.wait_for(lambda: watching <= {c.resource for c in cluster.emulator.calls
+                                                        if c.verb == "watch"}, what="the operator's watches")
             yield
         finally:
             stop.set()
-            await asyncio.wait_for(task, 15)
-
-
-async def _first(waiting: Awaitable[Any], task: asyncio.Task[None]) -> None:
-    """Wait for readiness, but surface the operator's own crash if it dies first."""
-    waiter = asyncio.ensure_future(waiting)
-    done, _ = await asyncio.wait({waiter, task}, return_when=asyncio.FIRST_COMPLETED)
-    if task in done:
-        waiter.cancel()
-        task.result()
-        raise AssertionError("the operator exited before it was ready")
-    waiter.result()
+            await asyncio.to_thread(thread.join, 15)
+            assert not thread.is_alive(), "the operator did not stop"
+        if crashes:
+            raise crashes[0]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import datetime
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import aiohttp.web
@@ -23,9 +23,8 @@ import attrs
 import jsonpatch
 import yaml
 from kmock import KubernetesEmulator, KubernetesError, KubernetesObjectNotFoundError, action, resource
-from kmock._internal import parsing, rendering
-
-from label_selectors import matches_selector
+from kmock._internal import rendering
+from kmock_semantics import drop_unapplied, fields_v1, matches_selector, merge_patch, release_conflicts
 
 HARNESS_HEADER = "X-Test-Harness"  # requests made by the tests themselves, not by the operator
 Admission = Callable[[dict[str, Any]], dict[str, Any]]  # returns the (defaulted) object or raises ValueError
@@ -37,49 +36,6 @@ class ApiCall(NamedTuple):
     resource: str
     subresource: str  # "" when none
     verb: str  # the RBAC verb: get, list, watch, create, patch, update, delete, deletecollection
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386: objects merge recursively, null deletes, everything else (lists too) replaces."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
-
-
-def _leaves(obj: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
-    if isinstance(obj, dict) and obj:
-        for key, value in obj.items():
-            yield from _leaves(value, (*prefix, key))
-    else:
-        yield prefix, obj
-
-
-def _pop_path(obj: dict[str, Any], path: tuple[str, ...], expected: Any) -> None:
-    """Remove a field our manager applied before, unless someone else has changed it since (then they own it)."""
-    *parents, last = path
-    for key in parents:
-        obj = obj.get(key) if isinstance(obj, dict) else None  # type: ignore[assignment]
-        if obj is None:
-            return
-    if isinstance(obj, dict) and obj.get(last) == expected:
-        obj.pop(last)
-
-
-def parse_path_with_namespaces(path: str) -> parsing.ParsedPath:
-    """KMock parses /api/v1/namespaces[/NAME] as a namespace prefix (HTTP 500/404); parse it as the resource."""
-    parts = path.strip("/").split("/")
-    if parts[:3] == ["api", "v1", "namespaces"] and len(parts) in (3, 4):
-        return parsing.ParsedPath("", "v1", "namespaces", None, parts[3] if len(parts) == 4 else None, None)
-    return _original_parse_path(path)
-
-
-_original_parse_path = parsing.parse_path
 
 
 @attrs.define(kw_only=True)
@@ -163,6 +119,7 @@ class RealisticEmulator(KubernetesEmulator):
             obj.pop("status", None)  # status is written through /status only
         obj = self._admit(res, obj)
         meta = obj["metadata"]
+        self._record_implied(request, meta)
         meta.update(uid=str(uuid.uuid4()), resourceVersion=self._next_revision(), generation=1,
                     creationTimestamp=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
         if key in self._objects:
@@ -170,7 +127,28 @@ class RealisticEmulator(KubernetesEmulator):
         else:
             self._objects[key] = obj
         await self._emit(res, "ADDED", obj)
+        owners = {ref.get("uid") for ref in meta.get("ownerReferences") or []}
+        if owners and not owners & self._live_uids():
+            await self._remove(key, obj)  # every owner is already gone: the garbage collector removes it
         return obj
+
+    def _record_implied(self, request: rendering.Request, meta: dict[str, Any]) -> None:
+        """Setting blockOwnerDeletion needs `update` on the owner's finalizers subresource wherever the
+        OwnerReferencesPermissionEnforcement admission plugin is on (OpenShift, hardened clusters): record it."""
+        if request.headers.get(HARNESS_HEADER) is not None:
+            return
+        for ref in meta.get("ownerReferences") or []:
+            group = ref["apiVersion"].rpartition("/")[0]
+            owners = [r for r in self.resources if r.group == group and self.resources[r].kind == ref["kind"]]
+            if ref.get("blockOwnerDeletion") and owners:
+                self.calls.append(ApiCall("PUT", group, owners[0].plural or "", "finalizers", "update"))
+
+    def _managed_fields(self, key: tuple[Any, ...]) -> list[dict[str, Any]]:
+        return [{"manager": manager, "operation": "Apply", "apiVersion": "v1", "fieldsV1": fields_v1(cfg)}
+                for (k, manager), cfg in sorted(self._applied.items(), key=lambda item: item[0][1]) if k == key]
+
+    def _live_uids(self) -> set[str]:
+        return {obj.raw["metadata"].get("uid") for obj in self._objects.values() if not obj.deleted}
 
     async def _update(self, request: rendering.Request) -> dict[str, Any]:
         res = request.resource
@@ -182,8 +160,12 @@ class RealisticEmulator(KubernetesEmulator):
         if old is None:
             if "apply-patch" not in content_type:
                 raise KubernetesObjectNotFoundError()
-            created = await self._create(request, body=patch)  # server-side apply creates
-            self._applied[(key, request.params.get("fieldManager"))] = copy.deepcopy(patch)
+            manager = request.params.get("fieldManager", "")
+            self._applied[(key, manager)] = copy.deepcopy(patch)
+            created = await self._create(request, body={**patch, "metadata": {
+                **patch.get("metadata", {}), "managedFields": self._managed_fields(key)}})  # apply creates …
+            if request.headers.get(HARNESS_HEADER) is None:  # … which RBAC authorizes as `create`, not `patch`
+                self.calls.append(_api_call(request)._replace(verb="create"))
             return created
         if isinstance(patch, list):
             try:
@@ -193,13 +175,13 @@ class RealisticEmulator(KubernetesEmulator):
         else:
             new = merge_patch(old, patch)
         if "apply-patch" in content_type:
-            manager_key = (key, request.params.get("fieldManager"))
-            previous = self._applied.get(manager_key, {})
-            applied_paths = {path for path, _ in _leaves(patch)}
-            for path, value in _leaves(previous):
-                if path not in applied_paths and path:
-                    _pop_path(new, path, value)
-            self._applied[manager_key] = copy.deepcopy(patch)
+            manager = request.params.get("fieldManager", "")
+            others = [cfg for (k, m), cfg in self._applied.items() if k == key and m != manager]
+            drop_unapplied(new, previous=self._applied.get((key, manager), {}), applied=patch, co_owned=others)
+            for other in others:
+                release_conflicts(other, patch)
+            self._applied[(key, manager)] = copy.deepcopy(patch)
+            new.setdefault("metadata", {})["managedFields"] = self._managed_fields(key)
         if request.subresource == "status":
             new = {**old, "status": new.get("status")}
         elif self._has_status(res):
@@ -245,6 +227,8 @@ class RealisticEmulator(KubernetesEmulator):
     async def _remove(self, key: tuple[Any, ...], obj: dict[str, Any]) -> None:
         """Delete, then garbage-collect dependents (background propagation) as kube-controller-manager would."""
         self._objects[key].delete()
+        for applied in [k for k in self._applied if k[0] == key]:
+            del self._applied[applied]  # a re-created object starts without field managers
         await self._emit(key[0], "DELETED", obj)
         uid = obj["metadata"]["uid"]
         for dep_key, dependent in list(self._objects.items()):

@@ -52,7 +52,7 @@ async def exercise(cluster: Cluster) -> None:
 
 async def record_async() -> frozenset[ApiCall]:
     async with running_cluster(service_monitor_api=True) as cluster:
-        async with running_operator():
+        async with running_operator(cluster):
             await exercise(cluster)
         return frozenset(cluster.emulator.calls)
 

@@ -8,14 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from scorekeeper_worker.cli import build_parser, parse_config
-from scorekeeper_worker.config import WorkerConfig
-
 from harness import scoring_model
 from scorekeeper_operator import flags
 from scorekeeper_operator.render import render
 from scorekeeper_operator.settings import OperatorSettings
 from scorekeeper_operator.spec import ScoringModel
+from scorekeeper_worker.cli import build_parser, parse_config
+from scorekeeper_worker.config import WorkerConfig
 
 SPECS: dict[str, dict[str, Any]] = {
     "defaults": {},

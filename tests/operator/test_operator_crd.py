@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import crd_tools
 import kubernetes_validate
 import pytest
-
-import crd_tools
 from scorekeeper_operator.flags import RESERVED_FLAGS
 from scorekeeper_operator.spec import ScoringModel
 

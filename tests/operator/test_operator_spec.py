@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 import crd_tools
+import pytest
 from harness import scoring_model
 from scorekeeper_operator.settings import DEFAULT_WORKER_IMAGE, OperatorSettings
 from scorekeeper_operator.spec import InvalidSpec, RolloutStrategy, ScoringModel, ScoringModelSpec

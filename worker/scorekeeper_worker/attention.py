@@ -142,16 +142,10 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
 
             bias = layout.bias(("item", i, causal, window), build)
             qr, kr, vr = (_gather(t, block.token_index, kv_heads) for t in (q, k, v))
-            if shared:
-                to_query = _with_shared_context(qr, kc, scores)
-            else:
-                to_query = scores(qr, kc[block.context])
+            to_query = _with_shared_context(qr, kc, scores) if shared else scores(qr, kc[block.context])
             probs = _probabilities(torch.cat([to_query, scores(qr, kr)], dim=-1) + bias, softcap).to(vr.dtype)
             p_query, p_item = probs.split([kc.shape[-2], kr.shape[-2]], dim=-1)
-            if shared:
-                from_query = _with_shared_context(p_query, vc, torch.matmul)
-            else:
-                from_query = p_query @ vc[block.context]
+            from_query = _with_shared_context(p_query, vc, torch.matmul) if shared else p_query @ vc[block.context]
             outputs.append((from_query + p_item @ vr).to(q.dtype))
 
     # Every block output is [R, Hkv, G, L, D]; flatten to [(R·L), H, D] rows and pick each token's row.

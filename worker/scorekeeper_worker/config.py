@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from enum import StrEnum
 from pathlib import Path
 
@@ -66,7 +67,7 @@ class WorkerConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> WorkerConfig:
         buckets = self.cuda_graph_token_buckets
-        if not buckets or any(b <= a for a, b in zip(buckets, buckets[1:], strict=False)):
+        if not buckets or any(b <= a for a, b in itertools.pairwise(buckets)):
             raise ValueError("cuda_graph_token_buckets must be non-empty and strictly increasing")
         if buckets[-1] > self.cuda_graph_max_tokens:
             raise ValueError("cuda_graph_token_buckets must not exceed cuda_graph_max_tokens")

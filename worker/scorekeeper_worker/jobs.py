@@ -63,6 +63,7 @@ class ScoreJob:
         if model.kind == ModelKind.EMBEDDING and QUERY_SLOT in slots:
             at = slots.index(QUERY_SLOT)
             self.query_embedding = rows[at]
+            self.remaining -= 1
             slots, rows = slots[:at] + slots[at + 1 :], torch.cat([rows[:at], rows[at + 1 :]])
         if not slots:
             return
@@ -82,10 +83,13 @@ class ScoreJob:
         if self.want_pooled:
             started = time.perf_counter()
             host = features.to("cpu")  # the copy being measured (synchronous: the values are needed now)
+            # Host tensor → Python floats is part of the cost on every device, and the whole cost on CPU (where
+            # .to("cpu") is a no-op), so the copy metric measures real work everywhere.
+            vectors = host.float().tolist()
             copies.seconds += time.perf_counter() - started
             copies.vectors += host.shape[0]
             copies.bytes += host.numel() * host.element_size()
-            for slot, vector in zip(slots, host.float().tolist(), strict=True):
+            for slot, vector in zip(slots, vectors, strict=True):
                 self.pooled[slot] = vector
         self.remaining -= len(slots)
 

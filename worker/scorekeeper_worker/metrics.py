@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
+import platform
+from importlib import metadata
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
-# Stage latencies on CPU range from ~100 µs (tokenizing a short text) to tens of seconds (a long batch).
-STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+if TYPE_CHECKING:
+    from scorekeeper_worker.config import WorkerConfig
+
+# Stage latencies range from ~100 µs (tokenizing a short text, a small GPU forward, an idle queue) to tens of seconds
+# (a long batch on CPU); the lowest buckets resolve the fast stages, the upper ones the alert thresholds (0.5-1 s).
+STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                 10.0, 30.0, 60.0)
 # Device→host copies of a few pooled vectors take microseconds; thousands of large vectors take milliseconds.
 COPY_BUCKETS = (1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5)
 TOKEN_BUCKETS = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 STAGES = ("tokenize", "queue", "forward", "scoring", "serialize", "end_to_end")
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 class WorkerMetrics:
@@ -55,6 +71,11 @@ class WorkerMetrics:
         self.warmup_seconds = Gauge("scorekeeper_warmup_seconds", "Time of the warm-up batch", registry=r)
         self.ready = Gauge("scorekeeper_ready", "1 when the model is loaded and warm", registry=r)
         self.info = Info("scorekeeper_model", "Served model", registry=r)
+        self.build_info = Info("scorekeeper_build", "Worker build: package versions", registry=r)
+        # The configured budgets, so dashboards can show batch fill and queue fill as ratios.
+        self.max_batch_tokens = Gauge("scorekeeper_max_batch_tokens", "Token budget of one forward batch", registry=r)
+        self.max_queue_tokens = Gauge("scorekeeper_max_queue_tokens",
+                                      "Queued-token limit beyond which requests get 429", registry=r)
         self.graph_runs = Counter("scorekeeper_cuda_graph_runs_total", "Forward batches by execution path",
                                   ["path", "bucket"], registry=r)
         self.graph_capture_failures = Counter("scorekeeper_cuda_graph_capture_failures_total",
@@ -67,3 +88,10 @@ class WorkerMetrics:
         for reason in ("queue_full", "body_too_large"):
             self.rejected.labels(reason)
         self.graph_runs.labels("eager", "none")
+        self.build_info.info({"version": _version("scorekeeper"), "python": platform.python_version(),
+                              "torch": _version("torch"), "transformers": _version("transformers")})
+
+    def configure(self, config: WorkerConfig) -> None:
+        """Export the limits a server runs with (called once, before serving)."""
+        self.max_batch_tokens.set(config.max_batch_tokens)
+        self.max_queue_tokens.set(config.max_queue_tokens)

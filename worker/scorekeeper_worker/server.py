@@ -12,6 +12,7 @@ import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
@@ -33,6 +34,7 @@ from scorekeeper_worker.service import NotReady, ScoringService
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_SECONDS = "1"
+SCORING_PATHS = frozenset({"/v1/score", "/v1/rerank"})
 
 
 def _error(code: int, kind: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -51,6 +53,7 @@ def _validation_message(error: ValidationError | RequestValidationError) -> str:
 
 def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI:
     metrics = WorkerMetrics()
+    metrics.configure(config)
     service = ScoringService(config, metrics)
 
     @asynccontextmanager
@@ -59,6 +62,7 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
             try:
                 service.load()
             except Exception:  # keep /health alive but never ready; the log says why
+                service.failed = True
                 log.exception("model failed to load")
 
         loader = threading.Thread(target=load, name="scorekeeper-load", daemon=True)
@@ -72,22 +76,30 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
     app.state.service = service
     app.state.metrics = metrics
 
+    routes: set[str] = set()  # filled once every route is declared (end of create_app)
+
     @app.middleware("http")
     async def limits_and_metrics(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         started = time.perf_counter()
+        path = request.url.path
+        scoring = path in SCORING_PATHS
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > config.max_request_bytes:
             metrics.rejected.labels("body_too_large").inc()
             response: Response = _error(413, "RequestTooLarge",
                                         f"body of {length} bytes exceeds the limit of {config.max_request_bytes}")
         else:
-            metrics.inflight.inc()
+            if scoring:  # only scoring work: a scrape or probe must not count itself as in flight
+                metrics.inflight.inc()
             try:
                 response = await call_next(request)
             finally:
-                metrics.inflight.dec()
-        metrics.requests.labels(request.url.path, str(response.status_code)).inc()
-        if request.url.path in ("/v1/score", "/v1/rerank"):
+                if scoring:
+                    metrics.inflight.dec()
+        # One label value per declared route, never the raw path: scanners probing random URLs would otherwise
+        # create an unbounded number of series.
+        metrics.requests.labels(path if path in routes else "other", str(response.status_code)).inc()
+        if scoring:
             metrics.stage_seconds.labels("end_to_end").observe(time.perf_counter() - started)
         return response
 
@@ -141,6 +153,7 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
     async def metrics_route() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    routes.update(route.path for route in app.routes if isinstance(route, APIRoute))
     return app
 
 

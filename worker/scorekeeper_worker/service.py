@@ -51,6 +51,7 @@ class ScoringService:
         self.model: ScoringModel | None = None
         self.scheduler: Scheduler | None = None
         self.ready = False
+        self.failed = False
 
     def load(self) -> None:
         """Load, start the model thread, run one warm-up batch; only then report ready."""
@@ -61,8 +62,8 @@ class ScoringService:
             raise ValueError(f"--multi-item-scoring-delimiter {delimiter} is outside the vocabulary "
                              f"(size {model.model.get_input_embeddings().num_embeddings})")
         self.metrics.model_load_seconds.set(time.perf_counter() - started)
-        self.metrics.info.info({"model": model.name, "kind": model.kind.value, "dtype": str(model.dtype),
-                                "device": str(model.device)})
+        self.metrics.info.info({"model": model.name, "kind": model.kind.value,
+                                "dtype": str(model.dtype).removeprefix("torch."), "device": str(model.device)})
         self.model = model
         self.scheduler = Scheduler(Executor(model), self.config.max_batch_tokens, self.config.max_queue_tokens,
                                    self.metrics)

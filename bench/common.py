@@ -1,0 +1,199 @@
+"""Shared plumbing for the benchmarks: the worker as a subprocess, peers as line-protocol subprocesses, stats, tables.
+
+Every system under test runs in its own process and sits idle while another one is timed; repetitions are taken
+round-robin across systems so that the noise of a shared machine hits every system alike.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+PEERS_SCRIPT = BENCH_DIR / "peers.py"
+BENCH_VENV_PYTHON = REPO / ".venv-bench" / "bin" / "python"
+
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+               "INFINITY_ANONYMOUS_USAGE_STATS": "0", "DO_NOT_TRACK": "1"}
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(OFFLINE_ENV)
+    env.update(extra or {})
+    return env
+
+
+def _stop(proc: subprocess.Popen[Any], grace: float = 30.0) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+class Worker:
+    """`scorekeeper-worker serve` on a loopback port; `score(body)` → (seconds, response json)."""
+
+    def __init__(self, model: Path | str, dtype: str, extra_args: list[str] | None = None,
+                 ready_timeout: float = 600.0) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_file = tempfile.NamedTemporaryFile(prefix="scorekeeper-worker-", suffix=".log", delete=False)
+        cmd = [sys.executable, "-c", "from scorekeeper_worker.cli import main; main()", "serve",
+               "--model", str(model), "--dtype", dtype, "--host", "127.0.0.1", "--port", str(self.port),
+               "--log-level", "warning", *(extra_args or [])]
+        self.cmd = cmd
+        log(f"starting worker: {' '.join(cmd[3:])}")
+        # Own session: a stray signal to the benchmark's process group does not reach the server first.
+        self.proc = subprocess.Popen(cmd, stdout=self.log_file, stderr=subprocess.STDOUT, env=child_env(),
+                                     start_new_session=True)
+        self.client = httpx.Client(base_url=self.url, timeout=httpx.Timeout(3600.0, connect=10.0))
+        self._wait_ready(ready_timeout)
+
+    def _wait_ready(self, timeout: float) -> None:
+        started = time.perf_counter()
+        while time.perf_counter() - started < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                if self.client.get("/ready", timeout=5.0).status_code == 200:
+                    log(f"worker ready after {time.perf_counter() - started:.1f} s")
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.close()
+        raise RuntimeError(f"worker not ready after {timeout} s:\n{self.tail()}")
+
+    def tail(self, chars: int = 4000) -> str:
+        return Path(self.log_file.name).read_text(errors="replace")[-chars:]
+
+    def score(self, body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+        payload = json.dumps(body)
+        started = time.perf_counter()
+        response = self.client.post("/v1/score", content=payload, headers={"content-type": "application/json"})
+        elapsed = time.perf_counter() - started
+        if response.status_code != 200:
+            raise RuntimeError(f"/v1/score → {response.status_code}: {response.text[:500]}")
+        return elapsed, response.json()
+
+    def close(self) -> None:
+        self.client.close()
+        _stop(self.proc)
+        self.log_file.close()
+        os.unlink(self.log_file.name)
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+class Peer:
+    """A peer system in its own process (`bench/peers.py`), driven one repetition per `run()` call."""
+
+    def __init__(self, system: str, model: Path | str, dtype: str, workload: dict[str, Any],
+                 python: Path | str | None = None, options: dict[str, Any] | None = None) -> None:
+        self.system = system
+        self.workload_file = tempfile.NamedTemporaryFile("w", prefix="bench-workload-", suffix=".json", delete=False)
+        json.dump(workload, self.workload_file)
+        self.workload_file.close()
+        self.stderr = tempfile.NamedTemporaryFile(prefix=f"bench-{system}-", suffix=".log", delete=False)
+        cmd = [str(python or sys.executable), str(PEERS_SCRIPT), "--system", system, "--model", str(model),
+               "--dtype", dtype, "--workload", self.workload_file.name, "--options", json.dumps(options or {})]
+        log(f"starting peer {system} ({dtype}) with {cmd[0]}")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+                                     text=True, env=child_env(), start_new_session=True)
+        self.info = self._read()  # the peer reports {"ready": ..., versions} once loaded
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait(30)
+            raise RuntimeError(f"peer {self.system} exited with {self.proc.returncode}:\n{self.tail()}")
+        message = json.loads(line)
+        if "error" in message:
+            raise RuntimeError(f"peer {self.system}: {message['error']}")
+        return message
+
+    def tail(self, chars: int = 4000) -> str:
+        return Path(self.stderr.name).read_text(errors="replace")[-chars:]
+
+    def run(self, **params: Any) -> tuple[float, dict[str, Any]]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"cmd": "run", **params}) + "\n")
+        self.proc.stdin.flush()
+        result = self._read()
+        return float(result["seconds"]), result
+
+    def close(self) -> None:
+        if self.proc.poll() is None and self.proc.stdin is not None:
+            try:
+                self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+                self.proc.stdin.close()
+                self.proc.wait(30)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                pass
+        _stop(self.proc)
+        self.stderr.close()
+        for name in (self.stderr.name, self.workload_file.name):
+            if os.path.exists(name):
+                os.unlink(name)
+
+    def __enter__(self) -> Peer:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=False)]
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=False)) + " |"
+    return "\n".join([line(header), "| " + " | ".join("-" * w for w in widths) + " |", *(line(r) for r in rows)])
+
+
+def max_abs_diff(a: list[float], b: list[float]) -> float:
+    return max((abs(x - y) for x, y in zip(a, b, strict=True)), default=0.0)
+
+
+def machine_note() -> str:
+    import platform
+
+    import torch
+
+    return (f"python {platform.python_version()}, torch {torch.__version__}, {os.cpu_count()} CPUs, "
+            f"torch threads {torch.get_num_threads()}")

@@ -1,0 +1,188 @@
+"""Peer systems for the benchmarks, one per process, driven by JSON lines on stdin (see bench/common.py `Peer`).
+
+    python bench/peers.py --system st|hf|infinity|hf-causal --model DIR --dtype float32|bfloat16 --workload FILE
+
+The process loads the model, answers {"ready": true, ...} and then, for each {"cmd": "run", ...} line, does one
+timed repetition and answers {"seconds": s, "scores": [...]}. The workload (query + items) comes from the file and
+may be replaced by a "workload" key of a run line. Runs under the main venv (sentence-transformers, transformers)
+and under .venv-bench (Infinity), so it imports only what its system needs.
+
+Embedding systems (st, hf, infinity) do the whole job every time: embed the query and all items, then cosines.
+hf-causal scores label-token probabilities at the last token of every query+item row, batched (padded) rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from typing import Any
+
+# The protocol owns the real stdout; everything libraries print goes to stderr.
+_PROTO = os.fdopen(os.dup(1), "w", buffering=1)
+os.dup2(2, 1)
+sys.stdout = sys.stderr
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+
+def send(message: dict[str, Any]) -> None:
+    _PROTO.write(json.dumps(message) + "\n")
+    _PROTO.flush()
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
+def cosines(embeddings: torch.Tensor) -> list[float]:
+    """Row 0 is the query; cosine of every other row with it, in float32."""
+    e = torch.nn.functional.normalize(embeddings.float(), dim=-1)
+    return (e[1:] @ e[0]).tolist()
+
+
+class SentenceTransformersPeer:
+    """`SentenceTransformer.encode` with its defaults (batch_size=32, length-sorted batches)."""
+
+    def __init__(self, model: str, dtype: str, options: dict[str, Any]) -> None:
+        from sentence_transformers import SentenceTransformer
+
+        self.model = SentenceTransformer(model, device="cpu")
+        if dtype != "float32":
+            self.model = self.model.to(torch_dtype(dtype))
+        self.batch_size = int(options.get("batch_size", 32))
+
+    def run(self, workload: dict[str, Any]) -> list[Any]:
+        texts = [workload["query"], *workload["items"]]
+        with torch.inference_mode():
+            emb = self.model.encode(texts, batch_size=self.batch_size, convert_to_tensor=True,
+                                    show_progress_bar=False)
+        return cosines(emb)
+
+
+class TransformersPaddedPeer:
+    """Plain transformers: padded batches of `batch_size` texts in request order, mean pooling."""
+
+    def __init__(self, model: str, dtype: str, options: dict[str, Any]) -> None:
+        from transformers import AutoModel, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model)
+        self.model = AutoModel.from_pretrained(model, dtype=torch_dtype(dtype)).eval()
+        self.batch_size = int(options.get("batch_size", 32))
+        self.max_length = int(options.get("max_length", 512))
+
+    def run(self, workload: dict[str, Any]) -> list[Any]:
+        texts = [workload["query"], *workload["items"]]
+        pooled = []
+        with torch.inference_mode():
+            for start in range(0, len(texts), self.batch_size):
+                enc = self.tokenizer(texts[start:start + self.batch_size], padding=True, truncation=True,
+                                     max_length=self.max_length, return_tensors="pt")
+                hidden = self.model(**enc).last_hidden_state.float()
+                mask = enc["attention_mask"].unsqueeze(-1).float()
+                pooled.append((hidden * mask).sum(1) / mask.sum(1))
+        return cosines(torch.cat(pooled))
+
+
+class InfinityPeer:
+    """infinity-emb's `AsyncEmbeddingEngine` (torch engine, CPU) with its own dynamic batching."""
+
+    def __init__(self, model: str, dtype: str, options: dict[str, Any]) -> None:
+        from infinity_emb import AsyncEngineArray, EngineArgs
+
+        self.loop = asyncio.new_event_loop()
+        args = EngineArgs(model_name_or_path=model, engine="torch", device="cpu", dtype=dtype,
+                          batch_size=int(options.get("batch_size", 32)))
+        self.engine = AsyncEngineArray.from_args([args])[0]
+        self.loop.run_until_complete(self.engine.astart())
+
+    def run(self, workload: dict[str, Any]) -> list[Any]:
+        texts = [workload["query"], *workload["items"]]
+        embeddings, _usage = self.loop.run_until_complete(self.engine.embed(sentences=texts))
+        return cosines(torch.tensor(__import__("numpy").stack(embeddings)))
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.engine.astop())
+
+
+class TransformersCausalPeer:
+    """Plain transformers causal LM: rows `query + item` in batches of `batch_size` (equal-length rows here, so the
+    batch is padded to nothing), logits of the label tokens at the last position, softmax over them."""
+
+    def __init__(self, model: str, dtype: str, options: dict[str, Any]) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype(dtype)).eval()
+        self.batch_size = int(options.get("batch_size", 32))
+
+    def run(self, workload: dict[str, Any]) -> list[Any]:
+        query, items, labels = workload["query"], workload["items"], workload["labels"]
+        limit = workload.get("limit") or len(items)
+        rows = [query + item for item in items[:limit]]
+        if len({len(r) for r in rows}) != 1:
+            raise ValueError("hf-causal expects equal-length rows (no padding implemented)")
+        out = []
+        with torch.inference_mode():
+            for start in range(0, len(rows), self.batch_size):
+                ids = torch.tensor(rows[start:start + self.batch_size])
+                logits = self.model(input_ids=ids, logits_to_keep=1).logits[:, -1, labels].float()
+                out.append(torch.softmax(logits, dim=-1))
+        return torch.cat(out).tolist()
+
+
+SYSTEMS = {"st": SentenceTransformersPeer, "hf": TransformersPaddedPeer, "infinity": InfinityPeer,
+           "hf-causal": TransformersCausalPeer}
+
+
+def versions(system: str) -> dict[str, str]:
+    import importlib.metadata as md
+
+    names = {"st": ["sentence-transformers", "transformers"], "hf": ["transformers"],
+             "infinity": ["infinity-emb", "sentence-transformers", "transformers"], "hf-causal": ["transformers"]}
+    found = {"torch": torch.__version__}
+    for name in names[system]:
+        try:
+            found[name] = md.version(name)
+        except md.PackageNotFoundError:
+            found[name] = "missing"
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--system", choices=sorted(SYSTEMS), required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--workload", required=True)
+    parser.add_argument("--options", default="{}")
+    args = parser.parse_args()
+    with open(args.workload) as f:
+        workload = json.load(f)
+    try:
+        peer = SYSTEMS[args.system](args.model, args.dtype, json.loads(args.options))
+    except Exception as error:  # reported to the driver, which prints it
+        send({"error": f"{type(error).__name__}: {error}"})
+        raise
+    send({"ready": True, "versions": versions(args.system), "threads": torch.get_num_threads()})
+    for line in sys.stdin:
+        message = json.loads(line)
+        if message.get("cmd") == "quit":
+            break
+        if "workload" in message:
+            workload = message["workload"]
+        run_workload = dict(workload, limit=message.get("limit"))
+        started = time.perf_counter()
+        scores = peer.run(run_workload)
+        send({"seconds": time.perf_counter() - started, "scores": scores})
+    if hasattr(peer, "close"):
+        peer.close()
+
+
+if __name__ == "__main__":
+    main()

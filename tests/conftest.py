@@ -1,0 +1,42 @@
+"""Shared fixtures: tiny random models built once per session, and real uvicorn servers on loopback."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import tiny_models
+from serving import RunningServer
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_dir: Path) -> Callable[[str], Path]:
+    """name → directory of that tiny model (built on first use)."""
+    return lambda name: tiny_models.build(name, tiny_dir)
+
+
+@pytest.fixture(scope="session")
+def server_for() -> Iterator[Callable[..., RunningServer]]:
+    """(model dir, **flags) → a server, started once per distinct configuration and reused by every test."""
+    servers: dict[tuple[Any, ...], RunningServer] = {}
+
+    def get(model: Path, **flags: Any) -> RunningServer:
+        key = (str(model), *sorted(flags.items()))
+        if key not in servers:
+            servers[key] = RunningServer(model=model, **flags)
+        return servers[key]
+
+    yield get
+    for server in servers.values():
+        server.stop()

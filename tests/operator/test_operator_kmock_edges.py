@@ -1,0 +1,131 @@
+"""The real operator against the emulated API: invalid specs, API errors, autoscaling, conflicts, restarts."""
+
+from __future__ import annotations
+
+import pytest
+from harness import NAMESPACE, Cluster, quiet, running_cluster, running_operator, scoring_model, set_deployment_status
+from test_operator_kmock_lifecycle import condition, created, model_status
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
+
+
+async def test_a_spec_only_the_operator_can_reject_gives_config_valid_false(operator: Cluster) -> None:
+    # The API accepts it (argparse would read --served as --served-name; CEL cannot see abbreviations).
+    await operator.create("scoringmodels", NAMESPACE, scoring_model(extraArgs=["--served", "x"]))
+    await operator.wait_for(lambda: condition(operator, "ConfigValid") == ("False", "InvalidSpec"), what="invalid")
+    status = model_status(operator)
+    assert status["phase"] == "Failed" and "--served-name" in status["conditions"][3]["message"]
+    assert operator.get("deployments", NAMESPACE, "reranker") is None
+    await operator.wait_for(lambda: any(c.resource == "events" and c.verb == "create" for c in operator.emulator.calls),
+                            what="a warning event")
+    await quiet(operator)
+    assert sum(c.resource == "deployments" and c.verb == "patch" for c in operator.emulator.calls) == 0  # no retry loop
+    await operator.patch("scoringmodels", NAMESPACE, "reranker", {"spec": {"extraArgs": ["--log-level", "debug"]}})
+    await operator.wait_for(lambda: operator.get("deployments", NAMESPACE, "reranker"), what="fixed → deployed")
+    await operator.wait_for(lambda: condition(operator, "ConfigValid") == ("True", "Valid"))
+
+
+async def test_the_api_rejects_what_the_crd_can_catch(operator: Cluster) -> None:
+    with pytest.raises(AssertionError, match=r"422.*strictly increasing"):
+        await operator.create("scoringmodels", NAMESPACE, scoring_model(cudaGraph={"tokenBuckets": [512, 256]}))
+
+
+async def test_transient_api_errors_are_retried_with_backoff(operator: Cluster) -> None:
+    operator.emulator.fail("PATCH", "deployments", status=503, times=3)
+    await created(operator)
+    attempts = [c for c in operator.emulator.calls if c.resource == "deployments" and c.verb == "patch"]
+    assert len(attempts) >= 4
+    # The child-event path retries too: a lost ConfigMap is restored through two failures.
+    operator.emulator.fail("PATCH", "configmaps", status=500, times=2)
+    await operator.delete("configmaps", NAMESPACE, "reranker")
+    await operator.wait_for(lambda: operator.get("configmaps", NAMESPACE, "reranker"), what="configmap restored")
+
+
+async def test_autoscaling_leaves_replicas_to_the_hpa(operator: Cluster) -> None:
+    await created(operator, replicas=2, autoscaling={"enabled": True, "minReplicas": 1, "maxReplicas": 5})
+    hpa = await operator.wait_for(lambda: operator.get("horizontalpodautoscalers", NAMESPACE, "reranker"))
+    assert hpa["spec"]["maxReplicas"] == 5
+    assert "replicas" not in (operator.get("deployments", NAMESPACE, "reranker") or {})["spec"]
+    await operator.patch("deployments", NAMESPACE, "reranker", {"spec": {"replicas": 4}})  # the HPA scales
+    await operator.patch("scoringmodels", NAMESPACE, "reranker", {"spec": {"autoscaling": {"target": 3}}})
+    await operator.wait_for(lambda: (operator.get("horizontalpodautoscalers", NAMESPACE, "reranker") or {})[
+        "spec"]["metrics"][0]["pods"]["target"]["averageValue"] == "3", what="new target")
+    await quiet(operator)
+    assert (operator.get("deployments", NAMESPACE, "reranker") or {})["spec"]["replicas"] == 4  # not fought over
+    await set_deployment_status(operator, ready=4)
+    await operator.wait_for(lambda: model_status(operator).get("readyReplicas") == 4)
+    await operator.patch("scoringmodels", NAMESPACE, "reranker", {"spec": {"autoscaling": {"enabled": False}}})
+    await operator.wait_for(lambda: operator.get("horizontalpodautoscalers", NAMESPACE, "reranker") is None,
+                            what="HPA deleted")
+    await operator.wait_for(lambda: (operator.get("deployments", NAMESPACE, "reranker") or {})["spec"].get(
+        "replicas") == 2, what="fixed replicas back")
+
+
+async def test_switching_autoscaling_on_keeps_the_live_replica_count(operator: Cluster) -> None:
+    """Without the hand-over, dropping spec.replicas from our apply would reset it to 1 until the HPA acts."""
+    await created(operator, replicas=3)
+    await operator.patch("scoringmodels", NAMESPACE, "reranker", {"spec": {
+        "autoscaling": {"enabled": True, "maxReplicas": 6}}})
+    await operator.wait_for(lambda: operator.get("horizontalpodautoscalers", NAMESPACE, "reranker"), what="HPA")
+    await quiet(operator)
+    deployment = operator.get("deployments", NAMESPACE, "reranker") or {}
+    assert deployment["spec"].get("replicas") == 3
+    managers = {f["manager"]: f["fieldsV1"] for f in deployment["metadata"]["managedFields"]}
+    assert "f:replicas" not in managers["scorekeeper-operator"]["f:spec"]  # ours no longer …
+    assert "f:replicas" in managers["scorekeeper-operator-handover"]["f:spec"]  # … until the HPA writes it
+
+
+async def test_optional_children_follow_the_spec(operator: Cluster) -> None:
+    await created(operator, replicas=3)
+    await operator.wait_for(lambda: operator.get("poddisruptionbudgets", NAMESPACE, "reranker"))
+    await operator.wait_for(lambda: operator.get("servicemonitors", NAMESPACE, "reranker"))
+    await operator.patch("scoringmodels", NAMESPACE, "reranker", {"spec": {
+        "replicas": 1, "monitoring": {"serviceMonitor": False}}})
+    await operator.wait_for(lambda: operator.get("poddisruptionbudgets", NAMESPACE, "reranker") is None)
+    await operator.wait_for(lambda: operator.get("servicemonitors", NAMESPACE, "reranker") is None)
+
+
+async def test_a_foreign_object_with_the_same_name_is_never_taken_over(operator: Cluster) -> None:
+    foreign = {"metadata": {"name": "reranker", "labels": {"team": "other"}},
+               "spec": {"ports": [{"port": 80}], "selector": {"app": "other"}}}
+    await operator.create("services", NAMESPACE, foreign)
+    await operator.create("scoringmodels", NAMESPACE, scoring_model())
+    await operator.wait_for(lambda: condition(operator, "ConfigValid") == ("False", "ChildConflict"))
+    service = operator.get("services", NAMESPACE, "reranker") or {}
+    assert service["spec"]["selector"] == {"app": "other"} and "ownerReferences" not in service["metadata"]
+
+
+async def test_hf_models_without_downloads_are_config_errors(cluster: Cluster) -> None:
+    async with running_operator(cluster, env={"SCOREKEEPER_ALLOW_HF_DOWNLOAD": "false"}):
+        await cluster.create("scoringmodels", NAMESPACE, scoring_model(model={"uri": "hf://org/name"}))
+        await cluster.wait_for(lambda: condition(cluster, "ConfigValid") == ("False", "ModelSourceUnavailable"))
+        assert cluster.get("deployments", NAMESPACE, "reranker") is None
+
+
+async def test_without_the_monitoring_api_there_is_no_service_monitor() -> None:
+    async with running_cluster(service_monitor_api=False) as cluster, running_operator(cluster):
+        await created(cluster)
+        await quiet(cluster)
+        assert condition(cluster, "ConfigValid") == ("True", "Valid")
+        assert not any(c.resource == "servicemonitors" and c.verb != "watch" for c in cluster.emulator.calls)
+
+
+async def test_resume_after_downtime_and_idempotent_restart(cluster: Cluster) -> None:
+    await cluster.create("scoringmodels", NAMESPACE, scoring_model(replicas=2))  # while no operator runs
+    async with running_operator(cluster):
+        await cluster.wait_for(lambda: cluster.get("deployments", NAMESPACE, "reranker"), what="resumed")
+        await quiet(cluster)
+    before = len(cluster.emulator.calls)
+    async with running_operator(cluster):
+        await quiet(cluster)
+    again = cluster.emulator.calls[before:]
+    assert [c for c in again if c.verb in ("create", "patch", "delete") and c.resource != "events"
+            and not (c.resource == "scoringmodels" and c.subresource == "")] == []
+
+
+async def test_namespaced_mode_watches_only_its_namespaces(cluster: Cluster) -> None:
+    async with running_operator(cluster, namespaces=(NAMESPACE,)):
+        await cluster.create("scoringmodels", "elsewhere", scoring_model(namespace="elsewhere"))
+        await created(cluster)
+        await quiet(cluster)
+        assert cluster.get("deployments", "elsewhere", "reranker") is None

@@ -1,0 +1,72 @@
+"""`scorekeeper-operator` as shipped: kopf options from the env, and the real console script serving /healthz."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+from harness import NAMESPACE, Cluster, scoring_model
+from scorekeeper_operator.main import run_options
+from scorekeeper_operator.settings import DEFAULT_LIVENESS_ENDPOINT, OperatorSettings
+
+
+def test_all_namespaces_by_default_with_liveness_and_standalone() -> None:
+    options = run_options(OperatorSettings.from_env({}))
+    assert options == {"clusterwide": True, "namespaces": [], "liveness_endpoint": DEFAULT_LIVENESS_ENDPOINT,
+                       "standalone": True}
+    assert DEFAULT_LIVENESS_ENDPOINT == "http://0.0.0.0:8080/healthz"
+
+
+def test_namespaces_from_the_environment() -> None:
+    options = run_options(OperatorSettings.from_env({"SCOREKEEPER_NAMESPACE": "ml,search"}))
+    assert (options["clusterwide"], options["namespaces"]) == (False, ["ml", "search"])
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _console_script() -> list[str]:
+    script = Path(sys.executable).with_name("scorekeeper-operator")
+    found = str(script) if script.exists() else shutil.which("scorekeeper-operator")
+    return [found] if found else [sys.executable, "-m", "scorekeeper_operator.main"]
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(60)
+async def test_console_script_runs_kopf_with_a_liveness_endpoint(cluster: Cluster, tmp_path: Path) -> None:
+    port = _free_port()
+    env = {**os.environ, "SCOREKEEPER_LIVENESS_ENDPOINT": f"http://127.0.0.1:{port}/healthz"}
+    log = tmp_path / "operator.log"
+    with log.open("wb") as output:  # a file, not a pipe: a full pipe would block the operator
+        process = subprocess.Popen(_console_script(), env=env, stdout=output, stderr=subprocess.STDOUT)
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(200):  # the import of kopf + kubernetes takes a few seconds on a small CI box
+                assert process.poll() is None, log.read_text()
+                try:
+                    async with session.get(f"http://127.0.0.1:{port}/healthz") as response:
+                        if response.status == 200:
+                            assert "reconciler" in await response.json()  # our @kopf.on.probe
+                            break
+                except aiohttp.ClientConnectionError:
+                    pass
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError("no /healthz")
+        await cluster.create("scoringmodels", NAMESPACE, scoring_model())
+        await cluster.wait_for(lambda: cluster.get("deployments", NAMESPACE, "reranker"), what="deployment")
+    finally:
+        process.terminate()
+        await asyncio.to_thread(process.wait, 20)
+    assert process.returncode == 0, log.read_text()

@@ -1,0 +1,44 @@
+"""The recorded API calls (fixture `operator_api_calls`) cover what the operator needs, and nothing broader."""
+
+from __future__ import annotations
+
+from kmock_ext import ApiCall
+from operator_scenario import rbac_rules
+
+
+def test_the_scenario_records_every_kind_of_call(operator_api_calls: frozenset[ApiCall]) -> None:
+    verbs = {(c.api_group, c.resource, c.subresource): set() for c in operator_api_calls}
+    for call in operator_api_calls:
+        verbs[call.api_group, call.resource, call.subresource].add(call.verb)
+    assert verbs["scorekeeper.dev", "scoringmodels", ""] >= {"get", "list", "watch", "patch"}
+    assert verbs["scorekeeper.dev", "scoringmodels", "status"] == {"patch"}
+    # blockOwnerDeletion on the children: required where OwnerReferencesPermissionEnforcement is enabled.
+    assert verbs["scorekeeper.dev", "scoringmodels", "finalizers"] == {"update"}
+    # Server-side apply of an absent object is authorized as `create`: the emulator records it as such.
+    for group, plural in (("", "configmaps"), ("", "services"), ("apps", "deployments")):
+        assert verbs[group, plural, ""] == {"get", "list", "watch", "patch", "create"}
+    for group, plural in (("policy", "poddisruptionbudgets"), ("autoscaling", "horizontalpodautoscalers"),
+                          ("monitoring.coreos.com", "servicemonitors")):
+        assert verbs[group, plural, ""] == {"get", "list", "watch", "patch", "create", "delete"}
+    assert verbs["", "pods", ""] >= {"list", "watch"}
+    assert verbs["", "events", ""] == {"create"}
+    assert verbs["apiextensions.k8s.io", "customresourcedefinitions", ""] == {"list", "watch"}
+
+
+def test_nothing_broader_than_needed(operator_api_calls: frozenset[ApiCall]) -> None:
+    touched = {c.resource for c in operator_api_calls}
+    assert touched <= {"scoringmodels", "deployments", "services", "configmaps", "poddisruptionbudgets",
+                       "horizontalpodautoscalers", "servicemonitors", "pods", "events",
+                       "customresourcedefinitions"}
+    # No PUT (only the implied finalizers permission), no bulk deletes.
+    assert {(c.resource, c.subresource) for c in operator_api_calls if c.verb == "update"} == {
+        ("scoringmodels", "finalizers")}
+    assert not any(c.verb == "deletecollection" for c in operator_api_calls)
+    assert not any(c.resource == "pods" and c.verb in ("create", "patch", "delete") for c in operator_api_calls)
+
+
+def test_rbac_rules_are_one_rule_per_resource(operator_api_calls: frozenset[ApiCall]) -> None:
+    rules = rbac_rules(operator_api_calls)
+    status = next(r for r in rules if r["resources"] == ["scoringmodels/status"])
+    assert status == {"apiGroups": ["scorekeeper.dev"], "resources": ["scoringmodels/status"], "verbs": ["patch"]}
+    assert len(rules) == len({(r["apiGroups"][0], r["resources"][0]) for r in rules})
