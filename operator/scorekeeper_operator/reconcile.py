@@ -88,13 +88,13 @@ class Reconciler:
             current = live[manifest["kind"]]
             handover = current is not None and manifest["kind"] == "Deployment" \
                 and "replicas" not in manifest["spec"] and applies_field(current, FIELD_MANAGER, ("spec", "replicas"))
-            if handover:
-                await self._hand_over_replicas(current)  # then apply, to give up our ownership of replicas now
-            if current is None or handover or not contains(current, manifest):
-                try:
+            try:
+                if handover:
+                    await self._hand_over_replicas(current)  # then apply, to give up our ownership of replicas now
+                if current is None or handover or not contains(current, manifest):
                     await self.api.apply(manifest)
-                except RejectedError as error:
-                    return ConfigError("Rejected", f"the API rejected {manifest['kind']} {model.name}: {error.message}")
+            except RejectedError as error:
+                return ConfigError("Rejected", f"the API rejected {manifest['kind']} {model.name}: {error.message}")
         wanted = {m["kind"] for m in rendered.manifests}
         for kind in OPTIONAL_KINDS:
             if kind in wanted or (kind == "ServiceMonitor" and not await self.api.serves(CHILD_KINDS[kind])):

@@ -2,13 +2,12 @@
 
 KMock stores objects, merge-patches them and streams watch events. It lacks (research/operators.md §3.3), and this
 subclass adds: server-set metadata (uid, creationTimestamp, resourceVersion, generation); no-op writes that change
-nothing and emit no event; status-subresource isolation; server-side apply that creates absent objects and drops
-fields its manager stopped applying; JSON-patch `test` failures as 422; label selectors on LIST; ownerReference
-garbage collection; DeleteOptions uid preconditions; `/api/v1/namespaces` paths; admission hooks (the CRD's
-defaults, schema and CEL rules); injected failures; and a log of the calls the operator made (for RBAC).
-Still missing, and documented in docs/operator.md: real managedFields and apply conflicts, associative-list merging
-(strategic merge / SSA list keys), built-in defaulting and validation, controllers (Deployment, ReplicaSet, kubelet).
-"""
+nothing and emit no event; status-subresource isolation; server-side apply that creates absent objects, drops fields
+its manager stopped applying and keeps approximate managedFields; JSON-patch `test` failures as 422; label selectors
+on LIST; ownerReference garbage collection; DeleteOptions uid preconditions; `/api/v1/namespaces` paths; admission
+hooks (the CRD's defaults, schema and CEL rules); injected failures; and a log of the calls the operator made (RBAC).
+Still missing, and documented in docs/operator.md: exact managedFields and conflicts, associative-list merging
+(strategic merge / SSA list keys), built-in defaulting and validation, controllers (Deployment, ReplicaSet, kubelet)."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ import copy
 import datetime
 import uuid
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import aiohttp.web
 import attrs
@@ -24,18 +23,18 @@ import jsonpatch
 import yaml
 from kmock import KubernetesEmulator, KubernetesError, KubernetesObjectNotFoundError, action, resource
 from kmock._internal import rendering
-from kmock_semantics import drop_unapplied, fields_v1, matches_selector, merge_patch, release_conflicts
+from kmock_semantics import (
+    ApiCall,
+    api_call,
+    drop_unapplied,
+    fields_v1,
+    matches_selector,
+    merge_patch,
+    release_conflicts,
+)
 
 HARNESS_HEADER = "X-Test-Harness"  # requests made by the tests themselves, not by the operator
 Admission = Callable[[dict[str, Any]], dict[str, Any]]  # returns the (defaulted) object or raises ValueError
-
-
-class ApiCall(NamedTuple):
-    method: str  # HTTP method
-    api_group: str  # "" for the core group
-    resource: str
-    subresource: str  # "" when none
-    verb: str  # the RBAC verb: get, list, watch, create, patch, update, delete, deletecollection
 
 
 @attrs.define(kw_only=True)
@@ -50,12 +49,15 @@ class RealisticEmulator(KubernetesEmulator):
         """The next `times` requests with this method on this resource get HTTP `status`."""
         self._failures.append([method.upper(), plural, status, times])
 
+    def heal(self) -> None:
+        self._failures.clear()
+
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         res = request.resource
         if res is None or res.plural is None:
             return await super()._handle(request)  # discovery and non-API paths
         if request.headers.get(HARNESS_HEADER) is None:
-            self.calls.append(_api_call(request))
+            self.calls.append(api_call(request))
         for failure in self._failures:
             if failure[0] == request.method.value and failure[1] == res.plural and failure[3] > 0:
                 failure[3] -= 1
@@ -162,10 +164,14 @@ class RealisticEmulator(KubernetesEmulator):
                 raise KubernetesObjectNotFoundError()
             manager = request.params.get("fieldManager", "")
             self._applied[(key, manager)] = copy.deepcopy(patch)
-            created = await self._create(request, body={**patch, "metadata": {
-                **patch.get("metadata", {}), "managedFields": self._managed_fields(key)}})  # apply creates …
+            try:
+                created = await self._create(request, body={**patch, "metadata": {
+                    **patch.get("metadata", {}), "managedFields": self._managed_fields(key)}})  # apply creates …
+            except KubernetesError:
+                del self._applied[(key, manager)]
+                raise
             if request.headers.get(HARNESS_HEADER) is None:  # … which RBAC authorizes as `create`, not `patch`
-                self.calls.append(_api_call(request)._replace(verb="create"))
+                self.calls.append(api_call(request)._replace(verb="create"))
             return created
         if isinstance(patch, list):
             try:
@@ -242,15 +248,3 @@ class RealisticEmulator(KubernetesEmulator):
                 await self._emit(dep_key[0], "MODIFIED", marked)
             else:
                 await self._remove(dep_key, dependent.raw)
-
-
-def _api_call(request: rendering.Request) -> ApiCall:
-    res = request.resource
-    assert res is not None and res.plural is not None
-    method = request.method.value
-    if method == "GET":
-        verb = "watch" if request.params.get("watch") in ("true", "1") else "get" if request.name else "list"
-    else:
-        verb = {"POST": "create", "PATCH": "patch", "PUT": "update"}.get(method) or (
-            "delete" if request.name else "deletecollection")
-    return ApiCall(method, res.group or "", res.plural, request.subresource or "", verb)

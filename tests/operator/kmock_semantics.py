@@ -1,14 +1,14 @@
 """Pure API-server semantics the emulator adds to KMock: JSON merge patch, server-side apply's removal of fields
-a manager stopped applying, label selectors, and the parsing of /api/v1/namespaces paths."""
+a manager stopped applying, label selectors, the parsing of /api/v1/namespaces paths, and RBAC verbs of requests."""
 
 from __future__ import annotations
 
 import copy
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
-from kmock._internal import parsing
+from kmock._internal import parsing, rendering
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -110,3 +110,23 @@ def matches_selector(selector: str, labels: dict[str, str]) -> bool:
         if not ok:
             return False
     return True
+
+
+class ApiCall(NamedTuple):
+    method: str  # HTTP method
+    api_group: str  # "" for the core group
+    resource: str
+    subresource: str  # "" when none
+    verb: str  # the RBAC verb: get, list, watch, create, patch, update, delete, deletecollection
+
+
+def api_call(request: rendering.Request) -> ApiCall:
+    res = request.resource
+    assert res is not None and res.plural is not None
+    method = request.method.value
+    if method == "GET":
+        verb = "watch" if request.params.get("watch") in ("true", "1") else "get" if request.name else "list"
+    else:
+        verb = {"POST": "create", "PATCH": "patch", "PUT": "update"}.get(method) or (
+            "delete" if request.name else "deletecollection")
+    return ApiCall(method, res.group or "", res.plural, request.subresource or "", verb)

@@ -41,6 +41,19 @@ async def test_transient_api_errors_are_retried_with_backoff(operator: Cluster) 
     await operator.wait_for(lambda: operator.get("configmaps", NAMESPACE, "reranker"), what="configmap restored")
 
 
+async def test_a_child_the_api_rejects_gives_config_valid_false_not_a_retry_loop(operator: Cluster) -> None:
+    operator.emulator.fail("PATCH", "deployments", status=422, times=1000)
+    await operator.create("scoringmodels", NAMESPACE, scoring_model())
+    await operator.wait_for(lambda: condition(operator, "ConfigValid") == ("False", "Rejected"), what="rejected")
+    assert "injected by the test" in next(c["message"] for c in model_status(operator)["conditions"]
+                                          if c["type"] == "ConfigValid")
+    await quiet(operator)
+    operator.emulator.heal()
+    await operator.patch("scoringmodels", NAMESPACE, "reranker", {"spec": {"replicas": 2}})
+    await operator.wait_for(lambda: operator.get("deployments", NAMESPACE, "reranker"), what="applied after the fix")
+    await operator.wait_for(lambda: condition(operator, "ConfigValid") == ("True", "Valid"))
+
+
 async def test_autoscaling_leaves_replicas_to_the_hpa(operator: Cluster) -> None:
     await created(operator, replicas=2, autoscaling={"enabled": True, "minReplicas": 1, "maxReplicas": 5})
     hpa = await operator.wait_for(lambda: operator.get("horizontalpodautoscalers", NAMESPACE, "reranker"))

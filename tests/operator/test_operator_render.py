@@ -6,6 +6,7 @@ import itertools
 import json
 from typing import Any
 
+import crd_tools
 import kubernetes_validate
 import pytest
 from harness import scoring_model
@@ -186,3 +187,14 @@ def test_scheduling_passes_through() -> None:
     assert pod["tolerations"] == spec["scheduling"]["tolerations"]
     for version in K8S_VERSIONS:
         kubernetes_validate.validate(deployment, version, strict=True)
+
+
+@pytest.mark.parametrize("doc", crd_tools.valid_samples(), ids=lambda d: d["metadata"]["name"])
+def test_every_valid_sample_and_example_renders_valid_manifests(doc: dict[str, Any]) -> None:
+    body = crd_tools.apply_defaults(crd_tools.version_schema(), doc)
+    body["metadata"] = {**body["metadata"], "namespace": "ml", "uid": "uid-1"}
+    rendered = render(ScoringModel.from_body(body), SETTINGS, service_monitor_api=True)
+    for manifest in rendered.manifests:
+        if manifest["kind"] != "ServiceMonitor":
+            for version in (K8S_VERSIONS[0], K8S_VERSIONS[-1]):
+                validate_once(manifest, version)

@@ -9,11 +9,17 @@ A packed batch is one row of T tokens. Its layout, computed on the host (see `in
 
 Rows are padded per block of similar lengths and gathered with fixed-size index tensors, so the cost grows with
 N·I·(Q+I), never with T², and nothing here reads a device value back to the host.
+
+The same rules can also be given per token (`TokenLayout`: segment, context segment, offset in row, visible prefix),
+which has shapes that depend on the token count only: CUDA-graph buckets use it (`LayoutKind.DENSE`, one masked
+T×T tile per head, or `LayoutKind.FLEX`, FlexAttention with a block-sparse mask built from the same metadata; see
+`attention_flex.py` and docs/gpu.md). `token_allowed` is the one definition of who sees whom for both.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import torch
 from transformers import AttentionInterface
@@ -40,22 +46,71 @@ class ItemBlock(RowBlock):
     prefix_lengths: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))  # [R]
 
 
+class LayoutKind(StrEnum):
+    BLOCKS = "blocks"  # row blocks (eager, reference): cost N·I·(Q+I)
+    DENSE = "dense"  # per-token metadata, one masked T×T tile per head (graph buckets with the sdpa backend)
+    FLEX = "flex"  # per-token metadata, FlexAttention with a block-sparse mask (attention_flex.py)
+
+
+@dataclass
+class TokenLayout:
+    """The attention rules per packed token (all [T] int64). Every row (a context row, or one item) is a segment,
+    numbered in packed order; a token sees the earlier tokens of its own segment (all of them in encoders) and, for
+    an item token, the first `prefix` tokens of segment `context` (its query). Padding tokens are segments of their
+    own (each sees only itself), numbered after every real segment."""
+
+    segment: torch.Tensor
+    context: torch.Tensor  # item tokens: their query's segment; everything else -1
+    offset: torch.Tensor  # index of the token in its row
+    prefix: torch.Tensor  # item tokens: how many leading tokens of `context` they see; else 0
+    positions: torch.Tensor  # position ids (windows are distances in positions): a view of the batch's ids
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The tensors this layout owns (`positions` belongs to the batch's position ids)."""
+        return [self.segment, self.context, self.offset, self.prefix]
+
+
 @dataclass
 class AttentionLayout:
     """Host-computed description of one packed batch; `scatter_index[t]` is where token t's output sits in the
-    concatenation of all blocks' flattened outputs (context blocks first, then item blocks)."""
+    concatenation of all blocks' flattened outputs (context blocks first, then item blocks). Token layouts (DENSE,
+    FLEX) have no blocks and carry `tokens` instead."""
 
     context_blocks: list[RowBlock]
     item_blocks: list[ItemBlock]
     item_contexts: RowBlock | None
     scatter_index: torch.Tensor  # [T] int64
-    _bias_cache: dict[tuple[object, ...], torch.Tensor] = field(default_factory=dict, repr=False)
+    kind: LayoutKind = LayoutKind.BLOCKS
+    tokens: TokenLayout | None = None
+    _bias_cache: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False)
 
     def bias(self, key: tuple[object, ...], build: callable) -> torch.Tensor:  # type: ignore[valid-type]
         """Masks depend on the layer's causality and window only: build each once per forward pass."""
         if key not in self._bias_cache:
             self._bias_cache[key] = build()
-        return self._bias_cache[key]
+        return self._bias_cache[key]  # type: ignore[return-value]
+
+    def reset(self) -> None:
+        """Forget the masks of the previous forward pass. A layout whose tensors are refilled in place (CUDA-graph
+        static buffers) must rebuild its masks from the new values, inside the pass (so a graph records the
+        computation, never a mask of the warm-up data)."""
+        self._bias_cache.clear()
+
+
+def token_allowed(tokens: TokenLayout, q: torch.Tensor, kv: torch.Tensor, causal: bool,
+                  window: int | None) -> torch.Tensor:
+    """Whether query token `q` may see key token `kv` (packed indices; any broadcastable shapes, so the same
+    function fills a dense [T, T] mask and serves as FlexAttention's `mask_mod`). Mirrors the row-block rules:
+    causality within a row follows packed order (positions increase along a row), an item token sees the first
+    `prefix` tokens of its query row (which always precede it), windows compare position ids."""
+    segment = tokens.segment
+    same = segment[q] == segment[kv]
+    if causal:
+        same = same & (kv <= q)
+    allowed = same | ((tokens.context[q] == segment[kv]) & (tokens.offset[kv] < tokens.prefix[q]))
+    if window is not None:
+        allowed = allowed & (tokens.positions[q] - tokens.positions[kv] < window)
+    return allowed
 
 
 def _allowed(q_pos: torch.Tensor, k_pos: torch.Tensor, k_valid: torch.Tensor, causal: bool,
@@ -87,10 +142,9 @@ def _gather(x: torch.Tensor, index: torch.Tensor, kv_heads: int) -> torch.Tensor
     return rows.permute(1, 0, 2, 3).reshape(index.shape[0], kv_heads, heads // kv_heads, index.shape[1], dim)
 
 
-def _probabilities(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    return torch.softmax(scores, dim=-1)
+def _softcapped(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    # Before the mask is added: tanh of a masked score would bring it back to -softcap (a small nonzero weight).
+    return scores if softcap is None else torch.tanh(scores / softcap) * softcap
 
 
 def _with_shared_context(x: torch.Tensor, context: torch.Tensor, fn: callable) -> torch.Tensor:  # type: ignore[valid-type]
@@ -119,13 +173,27 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     outputs: list[torch.Tensor] = []
 
     def scores(qr: torch.Tensor, kr: torch.Tensor) -> torch.Tensor:
-        return (qr.float() @ kr.float().transpose(-1, -2)) * scale
+        return _softcapped((qr.float() @ kr.float().transpose(-1, -2)) * scale, softcap)
+
+    if layout.kind == LayoutKind.FLEX:
+        from scorekeeper_worker.attention_flex import flex_packed_attention
+
+        return flex_packed_attention(query, key, value, layout, causal, window, softcap, scale), None
+    if layout.kind == LayoutKind.DENSE:
+        assert layout.tokens is not None
+        tokens = layout.tokens
+        index = torch.arange(q.shape[1], device=q.device)[None, :]  # one row holding the whole packed batch
+        bias = layout.bias(("dense", causal, window), lambda: _to_bias(
+            token_allowed(tokens, index[0, :, None], index[0, None, :], causal, window)[None], torch.float32))
+        qr, kr, vr = (_gather(t, index, kv_heads) for t in (q, k, v))
+        out = (torch.softmax(scores(qr, kr) + bias, dim=-1).to(vr.dtype) @ vr).to(q.dtype)
+        return out.permute(0, 3, 1, 2, 4).reshape(1, -1, heads, dim), None
 
     for i, block in enumerate(layout.context_blocks):
         bias = layout.bias(("ctx", i, causal, window), lambda b=block: _to_bias(
             _allowed(b.positions, b.positions, _valid(b), causal, window), torch.float32))
         qr, kr, vr = (_gather(t, block.token_index, kv_heads) for t in (q, k, v))
-        outputs.append((_probabilities(scores(qr, kr) + bias, softcap).to(vr.dtype) @ vr).to(q.dtype))
+        outputs.append((torch.softmax(scores(qr, kr) + bias, dim=-1).to(vr.dtype) @ vr).to(q.dtype))
 
     if layout.item_blocks:
         contexts = layout.item_contexts
@@ -143,7 +211,7 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
             bias = layout.bias(("item", i, causal, window), build)
             qr, kr, vr = (_gather(t, block.token_index, kv_heads) for t in (q, k, v))
             to_query = _with_shared_context(qr, kc, scores) if shared else scores(qr, kc[block.context])
-            probs = _probabilities(torch.cat([to_query, scores(qr, kr)], dim=-1) + bias, softcap).to(vr.dtype)
+            probs = torch.softmax(torch.cat([to_query, scores(qr, kr)], dim=-1) + bias, dim=-1).to(vr.dtype)
             p_query, p_item = probs.split([kc.shape[-2], kr.shape[-2]], dim=-1)
             from_query = _with_shared_context(p_query, vc, torch.matmul) if shared else p_query @ vc[block.context]
             outputs.append((from_query + p_item @ vr).to(q.dtype))

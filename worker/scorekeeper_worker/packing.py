@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from scorekeeper_worker.attention import AttentionLayout, ItemBlock, RowBlock
+from scorekeeper_worker.attention import AttentionLayout, ItemBlock, LayoutKind, RowBlock, TokenLayout
 
 # A block keeps rows whose length is at least this share of its longest row, so padding at most doubles the
 # attention area of a block while a batch needs only a handful of blocks.
@@ -39,6 +39,30 @@ class PackUnit:
         return len(self.context) + sum(len(item) for item in self.items)
 
 
+@dataclass(frozen=True)
+class GraphShape:
+    """The fixed shapes of one CUDA-graph bucket: `tokens` packed tokens (live ones first, then padding) and
+    `sequences` pooled-vector slots (scored sequences: items under multi-item scoring), plus one scratch slot that
+    padding contributions add into. Pool contributions get `tokens + sequences` entries (mean pooling contributes
+    every token of a sequence, last-token pooling one per slot)."""
+
+    tokens: int
+    sequences: int
+    token_types: bool = False  # whether the model takes token_type_ids (the buffer exists for every batch then)
+    pad_token: int = 0  # id of padding tokens: any id works, nothing attends to padding
+
+    @property
+    def contributions(self) -> int:
+        return self.tokens + self.sequences
+
+
+def fits(units: list[PackUnit], shape: GraphShape) -> bool:
+    """Whether a batch fits a bucket's buffers."""
+    pools = [pool for unit in units for pool in unit.pools]
+    return (sum(u.num_tokens for u in units) <= shape.tokens and len(pools) <= shape.sequences
+            and sum(len(p.offsets) for p in pools) <= shape.contributions)
+
+
 @dataclass
 class ForwardInputs:
     input_ids: torch.Tensor  # [1, T]
@@ -51,6 +75,14 @@ class ForwardInputs:
     owners: list[Any]  # one per pooled vector
     num_tokens: int
     padding_tokens: int = 0
+    pool_rows: int = 0  # rows of the pooled output: len(owners), or a bucket's slots + 1 (the scratch slot)
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor a forward pass reads, in a fixed order (CUDA-graph static buffers are refilled from it)."""
+        tokens = self.layout.tokens.tensors() if self.layout.tokens is not None else []
+        types = [] if self.token_type_ids is None else [self.token_type_ids]
+        return [self.input_ids, self.position_ids, *types, *tokens, self.pool_token_index, self.pool_slot,
+                self.pool_weight]
 
 
 @dataclass
@@ -83,7 +115,17 @@ def _tensor(values: list[Any], device: torch.device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.long, device=device)
 
 
-def build_inputs(units: list[PackUnit], device: torch.device) -> ForwardInputs:
+def build_inputs(units: list[PackUnit], device: torch.device, kind: LayoutKind = LayoutKind.BLOCKS,
+                 shape: GraphShape | None = None) -> ForwardInputs:
+    """Pack units into one row. `kind` picks the attention layout; `shape` (token layouts only) pads the batch to
+    a CUDA-graph bucket: padding tokens after the live ones, each its own segment, and pool entries that add zero
+    into the scratch slot, so every tensor has the bucket's shape and no live value is needed to run it."""
+    if shape is not None and kind == LayoutKind.BLOCKS:
+        raise ValueError("graph-shaped inputs need a token layout (dense or flex)")
+    if shape is not None and not fits(units, shape):
+        raise ValueError(f"batch does not fit the {shape.tokens}-token bucket")
+    if kind != LayoutKind.BLOCKS:
+        return _build_token_inputs(units, device, kind, shape)
     ids: list[int] = []
     positions: list[int] = []
     token_types: list[int] = []
@@ -155,4 +197,85 @@ def build_inputs(units: list[PackUnit], device: torch.device) -> ForwardInputs:
         pool_weight=torch.tensor(pool_weight, dtype=torch.float32, device=device),
         owners=owners,
         num_tokens=len(ids),
+    )
+
+
+def _build_token_inputs(units: list[PackUnit], device: torch.device, kind: LayoutKind,
+                        shape: GraphShape | None) -> ForwardInputs:
+    ids: list[int] = []
+    positions: list[int] = []
+    token_types: list[int] = []
+    segment: list[int] = []
+    context: list[int] = []
+    offset: list[int] = []
+    prefix: list[int] = []
+    pool_token: list[int] = []
+    pool_slot: list[int] = []
+    pool_weight: list[float] = []
+    owners: list[Any] = []
+    rows = 0
+
+    for unit in units:
+        start = len(ids)
+        query_segment = rows
+        rows += 1
+        ids += unit.context
+        positions += range(unit.position_start, unit.position_start + len(unit.context))
+        token_types += unit.token_types or [0] * len(unit.context)
+        segment += [query_segment] * len(unit.context)
+        context += [-1] * len(unit.context)
+        offset += range(len(unit.context))
+        prefix += [0] * len(unit.context)
+        first = unit.position_start + unit.visible_prefix
+        for item in unit.items:
+            ids += item
+            positions += range(first, first + len(item))
+            token_types += [0] * len(item)
+            segment += [rows] * len(item)
+            context += [query_segment] * len(item)
+            offset += range(len(item))
+            prefix += [unit.visible_prefix] * len(item)
+            rows += 1
+        for pool in unit.pools:
+            for token in pool.offsets:
+                pool_token.append(start + token)
+                pool_slot.append(len(owners))
+                pool_weight.append(1.0 / len(pool.offsets))
+            owners.append(pool.owner)
+
+    live = len(ids)
+    pool_rows = len(owners)
+    uses_token_types = any(u.token_types is not None for u in units)
+    if shape is not None:
+        pad = shape.tokens - live
+        ids += [shape.pad_token] * pad
+        positions += [0] * pad
+        token_types += [0] * pad
+        segment += range(rows, rows + pad)  # after every real segment, one each: padding sees only itself
+        context += [-1] * pad
+        offset += [0] * pad
+        prefix += [0] * pad
+        spare = shape.contributions - len(pool_token)
+        pool_token += [shape.tokens - 1] * spare  # any token: the weight is zero and the slot is the scratch one
+        pool_slot += [shape.sequences] * spare
+        pool_weight += [0.0] * spare
+        pool_rows = shape.sequences + 1
+        uses_token_types = shape.token_types
+
+    position_ids = _tensor([positions], device)
+    tokens = TokenLayout(segment=_tensor(segment, device), context=_tensor(context, device),
+                         offset=_tensor(offset, device), prefix=_tensor(prefix, device), positions=position_ids[0])
+    layout = AttentionLayout([], [], None, torch.empty(0, dtype=torch.long, device=device), kind=kind, tokens=tokens)
+    return ForwardInputs(
+        input_ids=_tensor([ids], device),
+        position_ids=position_ids,
+        token_type_ids=_tensor([token_types], device) if uses_token_types else None,
+        layout=layout,
+        pool_token_index=_tensor(pool_token, device),
+        pool_slot=_tensor(pool_slot, device),
+        pool_weight=torch.tensor(pool_weight, dtype=torch.float32, device=device),
+        owners=owners,
+        num_tokens=live,
+        padding_tokens=len(ids) - live,
+        pool_rows=pool_rows,
     )
