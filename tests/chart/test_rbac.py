@@ -31,6 +31,9 @@ Grant = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 DOCUMENTED_EXTRAS: dict[Grant, str] = {
     ("", "events", "create"): "kopf posts a Warning Event when a handler fails (settings.posting.level=WARNING); "
                               "the scenario provokes one, but a run where it does not must not fail on it",
+    ("scorekeeper.dev", "scoringmodels/finalizers", "update"):
+        "the admission plugin OwnerReferencesPermissionEnforcement checks it for children with blockOwnerDeletion; "
+        "the API server, not the operator, makes this check, so the namespaced run's request log never shows it",
 }
 
 

@@ -21,7 +21,7 @@ def test_concurrent_clients_get_their_own_scores(tiny_model: Callable[[str], Pat
         "embedding": server_for(tiny_model("bert-embed"), max_batch_tokens=512),
     }
     rng = random.Random(11)
-    words = "the river city mountain capital banana music theory garden".split()
+    words = ["the", "river", "city", "mountain", "capital", "banana", "music", "theory", "garden"]
     jobs: list[tuple[RunningServer, dict[str, Any]]] = []
     for i in range(64):
         kind = list(servers)[i % 3]

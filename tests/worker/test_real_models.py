@@ -7,9 +7,8 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from serving import RunningServer
-
 from scorekeeper_worker import model_files
+from serving import RunningServer
 
 pytestmark = pytest.mark.slow
 

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
+from scorekeeper_worker.attention import LayoutKind
 from scorekeeper_worker.jobs import CopyStats, ScoreJob
 from scorekeeper_worker.loader import ScoringModel
 from scorekeeper_worker.packing import ForwardInputs, PackUnit, build_inputs
+
+if TYPE_CHECKING:
+    from scorekeeper_worker.cuda_graphs import GraphRunner
 
 
 @dataclass
@@ -21,30 +26,46 @@ class BatchStats:
     forward_seconds: float
     scoring_seconds: float
     copies: CopyStats
+    graph_path: str = "eager"  # "graph" (replayed), "padded" (bucket shapes, run eagerly: no CUDA) or "eager"
+    graph_bucket: str = "none"  # the token bucket, for graph and padded batches
 
 
 def pooled_rows(model: ScoringModel, inputs: ForwardInputs) -> torch.Tensor:
-    """Forward the packed batch and pool it: [P, H] float32, one row per Pool of the units."""
+    """Forward the packed batch and pool it: [P, H] float32, one row per Pool of the units (graph-shaped inputs:
+    one row per slot of the bucket, the live ones first). Reads no device value on the host, so it can be captured."""
+    inputs.layout.reset()  # masks are rebuilt from the tensors' current values in every pass
     extra = {} if inputs.token_type_ids is None else {"token_type_ids": inputs.token_type_ids}
     output = model.trunk(input_ids=inputs.input_ids, position_ids=inputs.position_ids,
-                         scorekeeper_layout=inputs.layout, **extra)
+                         scorekeeper_layout=inputs.layout, use_cache=False, **extra)
     hidden = output.last_hidden_state[0]
     contributions = hidden[inputs.pool_token_index].float() * inputs.pool_weight[:, None]
-    pooled = torch.zeros(len(inputs.owners), hidden.shape[-1], dtype=torch.float32, device=hidden.device)
+    pooled = torch.zeros(inputs.pool_rows or len(inputs.owners), hidden.shape[-1], dtype=torch.float32,
+                         device=hidden.device)
     return pooled.index_add_(0, inputs.pool_slot, contributions)
 
 
 class Executor:
-    def __init__(self, model: ScoringModel) -> None:
+    def __init__(self, model: ScoringModel, backend: str = "sdpa", graphs: GraphRunner | None = None) -> None:
         self.model = model
+        self.eager_kind = LayoutKind.FLEX if backend == "flex" else LayoutKind.BLOCKS
+        self.graphs = graphs
 
     @torch.inference_mode()
     def run(self, units: list[PackUnit]) -> tuple[list[ScoreJob], BatchStats]:
         """Score a batch; returns the jobs that got rows in it (the caller finishes the complete ones)."""
         started = time.perf_counter()
-        inputs = build_inputs(units, self.model.device)
-        packed = time.perf_counter()
-        pooled = pooled_rows(self.model, inputs)
+        bucket = self.graphs.select(units) if self.graphs is not None else None
+        if bucket is None:
+            inputs = build_inputs(units, self.model.device, self.eager_kind)
+            packed = time.perf_counter()
+            pooled = pooled_rows(self.model, inputs)
+            path, label = "eager", "none"
+        else:
+            assert self.graphs is not None
+            inputs = self.graphs.load(bucket, units)
+            packed = time.perf_counter()
+            pooled = self.graphs.forward(bucket)
+            path, label = ("graph" if bucket.graph is not None else "padded"), str(bucket.shape.tokens)
         if pooled.is_cuda:
             torch.cuda.synchronize()
         forwarded = time.perf_counter()
@@ -65,5 +86,7 @@ class Executor:
             forward_seconds=forwarded - packed,
             scoring_seconds=scored - forwarded,
             copies=copies,
+            graph_path=path,
+            graph_bucket=label,
         )
         return [job for job, _, _ in by_job.values()], stats

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from scorekeeper_worker import heads
+from scorekeeper_worker.device_copy import host_vectors
 from scorekeeper_worker.loader import ModelKind, ScoringModel
 from scorekeeper_worker.planning import QUERY_SLOT
 
@@ -81,14 +82,12 @@ class ScoreJob:
         for slot, row in zip(slots, scores.tolist(), strict=True):
             self.scores[slot] = row
         if self.want_pooled:
-            started = time.perf_counter()
-            host = features.to("cpu")  # the copy being measured (synchronous: the values are needed now)
-            # Host tensor → Python floats is part of the cost on every device, and the whole cost on CPU (where
-            # .to("cpu") is a no-op), so the copy metric measures real work everywhere.
-            vectors = host.float().tolist()
-            copies.seconds += time.perf_counter() - started
-            copies.vectors += host.shape[0]
-            copies.bytes += host.numel() * host.element_size()
+            # The copy being measured: pinned + non-blocking + CUDA events on GPU. Host tensor → Python floats is
+            # part of the cost on every device, and the whole cost on CPU, so the metric measures real work everywhere.
+            vectors, seconds, nbytes = host_vectors(features)
+            copies.seconds += seconds
+            copies.vectors += features.shape[0]
+            copies.bytes += nbytes
             for slot, vector in zip(slots, vectors, strict=True):
                 self.pooled[slot] = vector
         self.remaining -= len(slots)

@@ -130,7 +130,7 @@ class Scheduler:
         m.padding_tokens.inc(stats.padding_tokens)
         m.stage_seconds.labels("forward").observe(stats.inputs_seconds + stats.forward_seconds)
         m.stage_seconds.labels("scoring").observe(stats.scoring_seconds)
-        m.graph_runs.labels("eager", "none").inc()
+        m.graph_runs.labels(stats.graph_path, stats.graph_bucket).inc()
         if stats.copies.vectors:
             m.hidden_copy_bytes.inc(stats.copies.bytes)
             m.hidden_copy_vectors.inc(stats.copies.vectors)

@@ -6,7 +6,10 @@ import asyncio
 import logging
 import time
 
+from scorekeeper_worker.attention import LayoutKind
+from scorekeeper_worker.attention_flex import resolve_backend
 from scorekeeper_worker.config import PooledHiddenStates, WorkerConfig
+from scorekeeper_worker.cuda_graphs import GraphRunner
 from scorekeeper_worker.executor import Executor
 from scorekeeper_worker.jobs import ScoreJob
 from scorekeeper_worker.loader import ModelKind, ScoringModel, load_model
@@ -65,8 +68,8 @@ class ScoringService:
         self.metrics.info.info({"model": model.name, "kind": model.kind.value,
                                 "dtype": str(model.dtype).removeprefix("torch."), "device": str(model.device)})
         self.model = model
-        self.scheduler = Scheduler(Executor(model), self.config.max_batch_tokens, self.config.max_queue_tokens,
-                                   self.metrics)
+        self.scheduler = Scheduler(self._executor(model), self.config.max_batch_tokens,
+                                   self.config.max_queue_tokens, self.metrics)
         self.scheduler.start()
         started = time.perf_counter()
         asyncio.run(self._warm_up())
@@ -74,6 +77,23 @@ class ScoringService:
         self.ready = True
         self.metrics.ready.set(1)
         log.info("ready: %s", model.name)
+
+    def _executor(self, model: ScoringModel) -> Executor:
+        """Attention backend and, with --cuda-graph, the graph buckets (captured here, before the model thread
+        starts: nothing else may use the GPU during a capture)."""
+        config = self.config
+        backend = resolve_backend(config.attention_backend.value, model.device)
+        graphs = None
+        if config.cuda_graph:
+            graphs = GraphRunner(model, LayoutKind.FLEX if backend == "flex" else LayoutKind.DENSE,
+                                 config.cuda_graph_token_buckets, config.cuda_graph_max_tokens,
+                                 config.cuda_graph_max_seqs, on_capture_failure=self.metrics.graph_capture_failures.inc)
+            graphs.capture()
+            for bucket in graphs.buckets:  # every series from the start, so graph panels have data
+                if not bucket.disabled:
+                    path = "graph" if bucket.graph is not None else "padded"
+                    self.metrics.graph_runs.labels(path, str(bucket.tokens))
+        return Executor(model, backend, graphs)
 
     async def _warm_up(self) -> None:
         query = "warm up" if self.model and self.model.kind != ModelKind.CAUSAL_LM else "warm"

@@ -73,6 +73,10 @@ Namespaced rules: granted cluster-wide (ClusterRole) or, with operator.watchName
 - apiGroups: [scorekeeper.dev]
   resources: [scoringmodels/status]
   verbs: [patch]
+# Children carry blockOwnerDeletion: clusters with OwnerReferencesPermissionEnforcement require this.
+- apiGroups: [scorekeeper.dev]
+  resources: [scoringmodels/finalizers]
+  verbs: [update]
 # Children, written by server-side apply: an apply PATCH that creates the object is also authorized as `create`.
 # Watched (list, watch) so drift, deletion and rollouts trigger a reconcile.
 - apiGroups: [""]
