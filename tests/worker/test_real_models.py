@@ -43,7 +43,7 @@ def test_smollm2_multi_item_equals_single_item(smollm2: RunningServer) -> None:
         "seven-varied": [[rng.randrange(100, 49000) for _ in range(n)] for n in (1, 3, 16, 40, 2, 7, 25)],
         "chunked-300": [[rng.randrange(100, 49000) for _ in range(rng.randint(1, 12))] for _ in range(300)],
     }
-    yes, no = 9583, 2020
+    yes, no = 9230, 2838  # " Yes", " No"
     for name, items in cases.items():
         single = smollm2.score(query=query, items=items, label_token_ids=[yes, no], multi_item_scoring=False).json()
         multi = smollm2.score(query=query, items=items, label_token_ids=[yes, no], multi_item_scoring=True).json()
@@ -52,8 +52,8 @@ def test_smollm2_multi_item_equals_single_item(smollm2: RunningServer) -> None:
 
 def test_smollm2_text_uses_the_fixed_tokenizer(smollm2: RunningServer) -> None:
     """The GGUF tokenizer must not add a BOS: "Hello" + " world" is exactly the ids [19556] + [905]."""
-    text = smollm2.score(query="Hello", items=[" world"], label_token_ids=[9583, 2020],
+    text = smollm2.score(query="Hello", items=[" world"], label_token_ids=[9230, 2838],
                          multi_item_scoring=False).json()
-    ids = smollm2.score(query=[19556], items=[[905]], label_token_ids=[9583, 2020], multi_item_scoring=False).json()
+    ids = smollm2.score(query=[19556], items=[[905]], label_token_ids=[9230, 2838], multi_item_scoring=False).json()
     assert text["usage"]["prompt_tokens"] == 2
     np.testing.assert_allclose(text["scores"], ids["scores"], rtol=1e-6)

@@ -98,3 +98,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from scorekeeper_worker.server import run  # heavy imports (torch) only when serving
 
     run(config)
+
+
+if __name__ == "__main__":
+    main()

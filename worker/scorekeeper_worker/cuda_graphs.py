@@ -134,9 +134,10 @@ class GraphRunner:
             log.info("CUDA graphs: no CUDA device, so batches run the padded, bucketed path (buckets %s) without "
                      "capture", sizes)
             return
-        pool = torch.cuda.graph_pool_handle()
+        pool = None
         for bucket in reversed(self.buckets):
             try:
+                pool = pool or torch.cuda.graph_pool_handle()
                 self._capture(bucket, pool)
                 self._check(bucket)
             except Exception as error:  # one bad bucket must never stop the worker: it runs eager

@@ -1,0 +1,269 @@
+"""Graph-shaped eager: the CUDA-graph path (buckets, padding, static buffers, bucket choice) with capture off.
+
+Everything a graph replay depends on except the capture itself runs here on CPU: batches are padded to their bucket,
+copied into the bucket's static buffers and run from them. Padded batches must give exactly (bit for bit, float32)
+the pooled rows of the same batch unpadded, for every bucket and every kind of batch, whatever the padding token."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from scorekeeper_worker.attention import LayoutKind
+from scorekeeper_worker.attention_flex import flex_block_mask
+from scorekeeper_worker.config import DType
+from scorekeeper_worker.cuda_graphs import GraphRunner
+from scorekeeper_worker.executor import pooled_rows
+from scorekeeper_worker.loader import ScoringModel, load_model
+from scorekeeper_worker.packing import GraphShape, PackUnit, Pool, build_inputs, fits
+from serving import RunningServer
+
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+
+BUCKETS = (32, 64, 128, 256)
+MAX_SEQS = 64
+DELIMITER = 3  # a real token id of every tiny vocabulary
+CPU = torch.device("cpu")
+
+
+def _ids(rng: random.Random, count: int) -> list[int]:
+    return [rng.randrange(10, 120) for _ in range(count)]
+
+
+def _single(rng: random.Random, model: ScoringModel, lengths: list[int]) -> list[PackUnit]:
+    units = []
+    for length in lengths:
+        ids = _ids(rng, length)
+        # Encoders pool the mean of every token (embedding) or the first one; decoders the last token.
+        offsets = range(length) if not model.is_decoder else range(length - 1, length)
+        types = [0] * (length // 2) + [1] * (length - length // 2) if model.uses_token_types else None
+        units.append(PackUnit(ids, token_types=types, position_start=model.position_start,
+                              pools=[Pool(offsets, ("single", len(units)))]))
+    return units
+
+
+def _multi_item(rng: random.Random, model: ScoringModel, query: int, items: list[int],
+                delimiter: int | None) -> PackUnit:
+    """`query [D] item [D] item …` as planning.py lays it out, including empty items (scored at the query's end)."""
+    tail = [] if delimiter is None else [delimiter]
+    unit = PackUnit(_ids(rng, query) + tail, visible_prefix=query, position_start=model.position_start)
+    for length in items:
+        offset = unit.num_tokens + length - 1 if length else query - 1
+        unit.items.append(_ids(rng, length) + tail)
+        unit.pools.append(Pool(range(offset, offset + 1), ("multi", len(unit.pools))))
+    return unit
+
+
+def _batches(model: ScoringModel, bucket: int, delimiter: int | None) -> dict[str, list[PackUnit]]:
+    """Batches of one kind each, sized to land in `bucket` (more tokens than the next smaller bucket holds)."""
+    rng = random.Random(bucket)
+    low = max((b for b in BUCKETS if b < bucket), default=0)
+    target = rng.randint(max(low + 1, 24), bucket)
+
+    def lengths(total: int, longest: int) -> list[int]:
+        out: list[int] = []
+        while sum(out) < total:
+            out.append(min(rng.randint(1, longest), total - sum(out)))
+        return out
+
+    def multi_item(query: int, total: int) -> PackUnit:
+        extra = delimiter is not None
+        items: list[int] = [] if extra else [0]  # an empty item, scored at the query's last token
+        used = query + extra
+        while used + 1 + extra <= total:
+            items.append(min(rng.randint(1, 8), total - used - extra))
+            used += items[-1] + extra
+        return _multi_item(rng, model, query, items, delimiter)
+
+    batches = {"single": _single(rng, model, lengths(target, max(2, bucket // 4)))}
+    if model.is_decoder:
+        batches["multi-item"] = [multi_item(8, target)]
+        first = _single(rng, model, [target // 4])
+        last = _single(rng, model, [3])
+        batches["mixed"] = [*first, multi_item(5, target - target // 4 - 3), *last]
+    for name, units in batches.items():
+        tokens = sum(u.num_tokens for u in units)
+        assert low < tokens <= bucket, (name, tokens, bucket)
+    return batches
+
+
+@pytest.fixture(scope="module")
+def models(tiny_model: Callable[[str], Path]) -> Callable[[str], ScoringModel]:
+    cache: dict[str, ScoringModel] = {}
+
+    def get(name: str) -> ScoringModel:
+        if name not in cache:
+            cache[name] = load_model(tiny_model(name), DType.FLOAT32, "cpu", name)
+        return cache[name]
+
+    return get
+
+
+def _runner(model: ScoringModel, kind: LayoutKind = LayoutKind.DENSE, pad_token: int = 0, **kwargs: Any) -> GraphRunner:
+    runner = GraphRunner(model, kind, BUCKETS, max_tokens=BUCKETS[-1], max_seqs=MAX_SEQS, pad_token=pad_token,
+                         **kwargs)
+    runner.capture()
+    return runner
+
+
+# qwen3: GQA; gemma2: attention softcapping; bert-embed: encoder, mean pooling; xlmr-cross: positions starting at 2,
+# first-token pooling; bert-cross: token types.
+@pytest.mark.parametrize("name", ["qwen3-cls3", "gemma2-reward", "bert-embed", "xlmr-cross", "bert-cross"])
+def test_padded_batches_equal_unpadded_ones_in_every_bucket(name: str, models: Callable[[str], ScoringModel]) -> None:
+    model = models(name)
+    runner = _runner(model)
+    assert not runner.capture_enabled
+    with torch.inference_mode():
+        for bucket in runner.buckets:
+            for kind, units in _batches(model, bucket.tokens, DELIMITER if model.is_decoder else None).items():
+                assert runner.select(units) is bucket, kind  # the smallest bucket that fits
+                batch = runner.load(bucket, units)
+                live = len(batch.owners)
+                padded = runner.forward(bucket)
+                assert padded.shape[0] == MAX_SEQS + 1  # the bucket's slots and the scratch one
+                unpadded = pooled_rows(model, build_inputs(units, CPU, LayoutKind.DENSE))
+                assert batch.padding_tokens == bucket.tokens - batch.num_tokens
+                assert torch.equal(padded[:live], unpadded), f"{name} {kind} bucket {bucket.tokens}"
+                reference = pooled_rows(model, build_inputs(units, CPU))  # row blocks, the eager path
+                torch.testing.assert_close(padded[:live], reference, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", [LayoutKind.DENSE, LayoutKind.FLEX])
+def test_delimiter_valued_padding_changes_no_score(kind: LayoutKind, models: Callable[[str], ScoringModel]) -> None:
+    """The SGLang failure: padding made of the delimiter token. Boundaries come from the host, so nothing moves."""
+    model = models("qwen3-cls3")
+    units = _batches(model, 128, DELIMITER)["multi-item"]
+    results = []
+    with torch.inference_mode():
+        for pad_token in (0, DELIMITER, 7):
+            runner = _runner(model, kind, pad_token=pad_token)
+            bucket = runner.select(units)
+            assert bucket is not None and bucket.tokens == 128
+            batch = runner.load(bucket, units)
+            assert (batch.input_ids[0, batch.num_tokens:] == pad_token).all()
+            results.append(runner.forward(bucket)[: len(batch.owners)].clone())
+        unpadded = pooled_rows(model, build_inputs(units, CPU, kind))
+    for result in results:
+        assert torch.equal(result, unpadded)
+
+
+def test_static_buffers_are_refilled_between_batches(models: Callable[[str], ScoringModel]) -> None:
+    """Two different batches through the same bucket's buffers: nothing of the first (masks included) survives."""
+    model = models("qwen3-cls3")
+    runner = _runner(model)
+    first, second = _batches(model, 64, None)["mixed"], _batches(model, 64, DELIMITER)["single"]
+    with torch.inference_mode():
+        for units in (first, second, first):
+            bucket = runner.select(units)
+            assert bucket is not None and bucket.tokens == 64
+            batch = runner.load(bucket, units)
+            out = runner.forward(bucket)[: len(batch.owners)]
+            assert torch.equal(out, pooled_rows(model, build_inputs(units, CPU, LayoutKind.DENSE)))
+
+
+def test_bucket_selection(models: Callable[[str], ScoringModel]) -> None:
+    model = models("qwen3-cls3")
+    runner = _runner(model)
+
+    def units(lengths: list[int]) -> list[PackUnit]:
+        return [PackUnit([5] * n, pools=[Pool(range(n - 1, n), i)]) for i, n in enumerate(lengths)]
+
+    assert runner.select(units([1])).tokens == 32
+    assert runner.select(units([32])).tokens == 32
+    assert runner.select(units([20, 13])).tokens == 64
+    assert runner.select(units([256])).tokens == 256
+    assert runner.select(units([200, 57])) is None  # above the largest bucket: eager
+    assert runner.select(units([1] * 20)).tokens == 32
+    assert runner.select(units([1] * (MAX_SEQS + 1))) is None  # more scored sequences than slots: eager
+    runner.buckets[0].disabled = True  # a bucket whose capture failed is skipped
+    assert runner.select(units([1])).tokens == 64
+    shape = GraphShape(tokens=16, sequences=2)
+    many_empty = PackUnit([1, 2], items=[[], [], []], visible_prefix=2,
+                          pools=[Pool(range(1, 2), i) for i in range(3)])
+    assert not fits([many_empty], shape)
+    with pytest.raises(ValueError, match="does not fit"):
+        build_inputs([many_empty], CPU, LayoutKind.DENSE, shape)
+    with pytest.raises(ValueError, match="token layout"):
+        build_inputs(units([3]), CPU, LayoutKind.BLOCKS, shape)
+
+
+def test_graph_shaped_forward_reads_no_device_value(models: Callable[[str], ScoringModel],
+                                                    tiny_model: Callable[[str], Path]) -> None:
+    """A capturable forward never reads a device value on the host (`.item()`, `if tensor:`): on the meta device,
+    which has no values, any such read raises. The whole trunk + pooling runs there, and so does the flex mask."""
+    model = load_model(tiny_model("gemma2-cls3"), DType.FLOAT32, "cpu", "meta")
+    model.model.to("meta")
+    meta = torch.device("meta")
+    units = _batches(models("gemma2-cls3"), 128, DELIMITER)["mixed"]
+    shape = GraphShape(tokens=128, sequences=MAX_SEQS)
+    with torch.inference_mode():
+        out = pooled_rows(model, build_inputs(units, meta, LayoutKind.DENSE, shape))
+        assert out.shape == (MAX_SEQS + 1, 32) and out.device == meta
+        tokens = build_inputs(units, meta, LayoutKind.FLEX, shape).layout.tokens
+        assert tokens is not None
+        assert flex_block_mask(tokens, causal=True, window=4).kv_num_blocks.device == meta
+
+
+class _StaleGraph:
+    """Stands in for a captured graph that baked in its capture batch: replay changes nothing."""
+
+    def replay(self) -> None:
+        pass
+
+
+def test_capture_failures_fall_back_to_eager(models: Callable[[str], ScoringModel],
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    model = models("qwen3-cls3")
+    failures: list[int] = []
+    with caplog.at_level(logging.ERROR, logger="scorekeeper_worker.cuda_graphs"):
+        runner = _runner(model, capture=True, on_capture_failure=lambda: failures.append(1))  # no CUDA: fails
+    assert len(failures) == len(BUCKETS)
+    assert all(b.disabled and b.graph is None for b in runner.buckets)
+    assert "CUDA graph capture of the 256-token bucket failed" in caplog.text
+    assert runner.select([PackUnit([1, 2], pools=[Pool(range(1, 2), 0)])]) is None  # so: eager
+
+    # A graph that "captured" but replays stale values is caught by the probe batch and disabled the same way.
+    runner = _runner(model)
+    bucket = runner.buckets[1]
+    with torch.inference_mode():
+        bucket.output = pooled_rows(model, bucket.static)  # what the capture batch gave
+    bucket.graph = _StaleGraph()  # type: ignore[assignment]
+    with pytest.raises(RuntimeError, match="replay differs from eager"), torch.inference_mode():
+        runner._check(bucket)
+
+
+def test_server_with_cuda_graph_flag_scores_like_eager(tiny_model: Callable[[str], Path],
+                                                       server_for: Callable[..., RunningServer]) -> None:
+    """End to end over HTTP: --cuda-graph on CPU runs the padded path; scores, pooled hidden states and
+    multi-item scores equal the eager server's, and the metrics say which path and bucket ran."""
+    path = tiny_model("qwen3-cls3")
+    eager = server_for(path, multi_item_scoring=True)
+    graphs = server_for(path, multi_item_scoring=True, cuda_graph=True, cuda_graph_token_buckets=(64, 256),
+                        cuda_graph_max_seqs=16)
+    rng = random.Random(5)
+    query, items = _ids(rng, 12), [_ids(rng, rng.randint(1, 9)) for _ in range(7)]
+    big = [_ids(rng, 120) for _ in range(4)]  # single-item, 4 × 132 tokens: above the largest bucket → eager
+    for body in ({"multi_item_scoring": True}, {"multi_item_scoring": False}, {"return_pooled_hidden_states": True}):
+        want = eager.score(query=query, items=items, **body).json()
+        got = graphs.score(query=query, items=items, **body).json()
+        np.testing.assert_allclose(got["scores"], want["scores"], rtol=1e-5, atol=1e-6)
+        if "pooled_hidden_states" in body:
+            np.testing.assert_allclose(got["pooled_hidden_states"], want["pooled_hidden_states"], rtol=1e-5,
+                                       atol=1e-6)
+    got, want = graphs.score(query=query, items=big).json(), eager.score(query=query, items=big).json()
+    np.testing.assert_allclose(got["scores"], want["scores"], rtol=1e-5, atol=1e-6)
+    metrics = httpx.get(graphs.url + "/metrics").text
+    series = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+              if line.startswith(("scorekeeper_cuda_graph_runs_total", "scorekeeper_padding_tokens_total"))}
+    runs = "scorekeeper_cuda_graph_runs_total"
+    assert series[f'{runs}{{path="padded",bucket="64"}}'] >= 1  # the multi-item request
+    assert series[f'{runs}{{path="padded",bucket="256"}}'] >= 1  # seven single-item sequences
+    assert series[f'{runs}{{path="eager",bucket="none"}}'] >= 1  # above the largest bucket
+    assert series["scorekeeper_padding_tokens_total"] > 0
