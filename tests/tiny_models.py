@@ -47,6 +47,7 @@ class TinyModel(enum.StrEnum):
     LLAMA_REWARD = "llama-reward"
     GEMMA2_CLS3 = "gemma2-cls3"
     GEMMA2_REWARD = "gemma2-reward"
+    MISTRAL_CLS3 = "mistral-cls3"
     QWEN3_CAUSAL = "qwen3-causal"
     LLAMA_CAUSAL = "llama-causal"
     BERT_CROSS = "bert-cross"
@@ -56,7 +57,7 @@ class TinyModel(enum.StrEnum):
 
 @dataclass(frozen=True)
 class TinySpec:
-    family: str  # "qwen3" | "qwen2" | "llama" | "gemma2" | "bert" | "xlmr"
+    family: str  # "qwen3" | "qwen2" | "llama" | "gemma2" | "mistral" | "bert" | "xlmr"
     kind: str  # "classifier" | "causal_lm" | "embedding" (reward models are classifiers with num_labels=1)
     architecture: str  # what config.architectures[0] will be after save_pretrained
     num_labels: int | None  # None for causal LMs and embedding models
@@ -72,6 +73,7 @@ SPECS: dict[TinyModel, TinySpec] = {
     TinyModel.LLAMA_REWARD: TinySpec("llama", "classifier", "LlamaForSequenceClassification", 1, True),
     TinyModel.GEMMA2_CLS3: TinySpec("gemma2", "classifier", "Gemma2ForSequenceClassification", 3, True),
     TinyModel.GEMMA2_REWARD: TinySpec("gemma2", "classifier", "Gemma2ForSequenceClassification", 1, True),
+    TinyModel.MISTRAL_CLS3: TinySpec("mistral", "classifier", "MistralForSequenceClassification", 3, True),
     TinyModel.QWEN3_CAUSAL: TinySpec("qwen3", "causal_lm", "Qwen3ForCausalLM", None, False),
     TinyModel.LLAMA_CAUSAL: TinySpec("llama", "causal_lm", "LlamaForCausalLM", None, True),
     TinyModel.BERT_CROSS: TinySpec("bert", "classifier", "BertForSequenceClassification", 1, True),
@@ -99,7 +101,9 @@ QWEN_PRETOKENIZE_REGEX = (
     r""" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 # The BOS token each family's tokenizer prepends (None: adds nothing), spelled like the real tokenizers.
-DECODER_BOS = {"qwen3": None, "qwen2": None, "llama": "<|begin_of_text|>", "gemma2": "<bos>"}
+DECODER_BOS = {"qwen3": None, "qwen2": None, "llama": "<|begin_of_text|>", "gemma2": "<bos>", "mistral": "<s>"}
+# Mistral's window is far below the longest test sequences, so sliding-window masking is really exercised.
+MISTRAL_SLIDING_WINDOW = 24
 
 
 def _corpus() -> list[str]:
@@ -232,7 +236,7 @@ def _make_wordpiece(family: str) -> PreTrainedTokenizerBase:
 
 
 def _decoder_config(family: str, tok: PreTrainedTokenizerBase, num_labels: int | None) -> Any:
-    from transformers import Gemma2Config, LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import Gemma2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     common: dict[str, Any] = {
         "vocab_size": len(tok),
@@ -259,6 +263,8 @@ def _decoder_config(family: str, tok: PreTrainedTokenizerBase, num_labels: int |
         return Qwen2Config(**common)  # head_dim = hidden / heads = 8
     if family == "llama":
         return LlamaConfig(head_dim=8, **common)
+    if family == "mistral":
+        return MistralConfig(head_dim=8, sliding_window=MISTRAL_SLIDING_WINDOW, **common)
     if family == "gemma2":
         # query_pre_attn_scalar defaults to 256 (the real head_dim); scale attention like an 8-dim head instead.
         # sliding_window (4096) > max positions: sliding layers behave like global ones at every allowed length.

@@ -16,7 +16,7 @@ from scorekeeper_worker.packing import PackUnit, Pool, build_inputs
 from serving import RunningServer
 
 DECODERS = ["qwen3-cls3", "qwen3-reward", "qwen3-causal", "qwen2-cls3", "qwen2-reward", "llama-cls3",
-            "llama-reward", "llama-causal", "gemma2-cls3", "gemma2-reward"]
+            "llama-reward", "llama-causal", "gemma2-cls3", "gemma2-reward", "mistral-cls3"]
 LABELS = [5, 17, 42]
 DELIMITER = 3  # a real token id of every tiny vocabulary
 MAX_BATCH_TOKENS = 512  # small, so 300 items cross the chunking boundary several times
