@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from scorekeeper_worker.cli import parse_config
 from scorekeeper_worker.config import WorkerConfig
 
