@@ -38,6 +38,8 @@ CAUSAL_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("temperature without softmax", {"query": "q", "items": ["a"], "label_token_ids": [1], "temperature": 2.0},
      "temperature"),
     ("too many items", {"query": "q", "items": ["a"] * 65, "label_token_ids": [1]}, "items"),
+    ("unsupported SGLang field", {"query": "q", "items": ["a"], "label_token_ids": [1],
+                                  "score_extraction_token": "<x>"}, "score_extraction_token"),
 ]
 
 
@@ -56,6 +58,14 @@ def test_bad_request_names_the_field(causal: RunningServer, case: str, body: dic
     assert field in error["message"], error["message"]
 
 
+def test_per_item_label_lists_may_differ_in_length(causal: RunningServer) -> None:
+    mixed = causal.score(query="q", items=["a", "b"], label_token_ids=[[1, 2], [3]]).json()["scores"]
+    first = causal.score(query="q", items=["a"], label_token_ids=[1, 2]).json()["scores"][0]
+    second = causal.score(query="q", items=["b"], label_token_ids=[3]).json()["scores"][0]
+    np.testing.assert_allclose(mixed[0], first, rtol=1e-5)
+    np.testing.assert_allclose(mixed[1], second, rtol=1e-5)
+
+
 def test_empty_items_score_nothing(causal: RunningServer) -> None:
     body = causal.score(query="q", items=[], label_token_ids=[1]).json()
     assert body["scores"] == [] and body["usage"]["prompt_tokens"] == 0
@@ -70,6 +80,9 @@ def test_body_over_limit_is_413(tiny_model: Callable[[str], Path], server_for: C
     server = server_for(tiny_model("qwen3-cls3"), max_request_bytes=2048)
     response = server.score(query="q", items=["x" * 4000])
     assert response.status_code == 413
+    chunked = httpx.post(server.url + "/v1/score", content=iter([b'{"query": "q", "items": ["', b"x" * 4000, b'"]}']),
+                         headers={"content-type": "application/json"}, timeout=30)
+    assert chunked.status_code == 413, chunked.text
     assert server.score(query="q", items=["fine"]).status_code == 200
 
 

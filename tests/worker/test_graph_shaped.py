@@ -62,10 +62,12 @@ def _multi_item(rng: random.Random, model: ScoringModel, query: int, items: list
     return unit
 
 
-def _batches(model: ScoringModel, bucket: int, delimiter: int | None) -> dict[str, list[PackUnit]]:
-    """Batches of one kind each, sized to land in `bucket` (more tokens than the next smaller bucket holds)."""
+def batches_for(model: ScoringModel, bucket: int, delimiter: int | None,
+                buckets: tuple[int, ...] = BUCKETS) -> dict[str, list[PackUnit]]:
+    """Batches of one kind each (single-item, multi-item, mixed), sized to land in `bucket` of `buckets` (more
+    tokens than the next smaller bucket holds). Also used by test_cuda.py."""
     rng = random.Random(bucket)
-    low = max((b for b in BUCKETS if b < bucket), default=0)
+    low = max((b for b in buckets if b < bucket), default=0)
     target = rng.randint(max(low + 1, 24), bucket)
 
     def lengths(total: int, longest: int) -> list[int]:
@@ -123,7 +125,7 @@ def test_padded_batches_equal_unpadded_ones_in_every_bucket(name: str, models: C
     assert not runner.capture_enabled
     with torch.inference_mode():
         for bucket in runner.buckets:
-            for kind, units in _batches(model, bucket.tokens, DELIMITER if model.is_decoder else None).items():
+            for kind, units in batches_for(model, bucket.tokens, DELIMITER if model.is_decoder else None).items():
                 assert runner.select(units) is bucket, kind  # the smallest bucket that fits
                 batch = runner.load(bucket, units)
                 live = len(batch.owners)
@@ -140,7 +142,7 @@ def test_padded_batches_equal_unpadded_ones_in_every_bucket(name: str, models: C
 def test_delimiter_valued_padding_changes_no_score(kind: LayoutKind, models: Callable[[str], ScoringModel]) -> None:
     """The SGLang failure: padding made of the delimiter token. Boundaries come from the host, so nothing moves."""
     model = models("qwen3-cls3")
-    units = _batches(model, 128, DELIMITER)["multi-item"]
+    units = batches_for(model, 128, DELIMITER)["multi-item"]
     results = []
     with torch.inference_mode():
         for pad_token in (0, DELIMITER, 7):
@@ -159,7 +161,7 @@ def test_static_buffers_are_refilled_between_batches(models: Callable[[str], Sco
     """Two different batches through the same bucket's buffers: nothing of the first (masks included) survives."""
     model = models("qwen3-cls3")
     runner = _runner(model)
-    first, second = _batches(model, 64, None)["mixed"], _batches(model, 64, DELIMITER)["single"]
+    first, second = batches_for(model, 64, None)["mixed"], batches_for(model, 64, DELIMITER)["single"]
     with torch.inference_mode():
         for units in (first, second, first):
             bucket = runner.select(units)
@@ -202,7 +204,7 @@ def test_graph_shaped_forward_reads_no_device_value(models: Callable[[str], Scor
     model = load_model(tiny_model("gemma2-cls3"), DType.FLOAT32, "cpu", "meta")
     model.model.to("meta")
     meta = torch.device("meta")
-    units = _batches(models("gemma2-cls3"), 128, DELIMITER)["mixed"]
+    units = batches_for(models("gemma2-cls3"), 128, DELIMITER)["mixed"]
     shape = GraphShape(tokens=128, sequences=MAX_SEQS)
     with torch.inference_mode():
         out = pooled_rows(model, build_inputs(units, meta, LayoutKind.DENSE, shape))

@@ -70,16 +70,14 @@ class ScoreJob:
             return
         features = heads.pre_head(model, rows.to(model.dtype))
         if model.kind == ModelKind.CAUSAL_LM:
-            assert self.labels is not None
-            labels = torch.tensor([self.labels[s] for s in slots], device=rows.device)
-            scores = heads.causal_lm_scores(model, features, labels, self.apply_softmax, self.temperature)
+            scores = self._label_scores(model, slots, features)
         elif model.kind == ModelKind.EMBEDDING:
             assert self.query_embedding is not None  # the query unit is planned first, so it is scored first
             scores = heads.cosine_scores(self.query_embedding, rows)
         else:
             logits = heads.classifier_logits(model, features)
             scores = heads.classifier_scores(logits, self.apply_softmax, self.temperature)
-        for slot, row in zip(slots, scores.tolist(), strict=True):
+        for slot, row in zip(slots, scores if isinstance(scores, list) else scores.tolist(), strict=True):
             self.scores[slot] = row
         if self.want_pooled:
             # The copy being measured: pinned + non-blocking + CUDA events on GPU. Host tensor → Python floats is
@@ -91,6 +89,20 @@ class ScoreJob:
             for slot, vector in zip(slots, vectors, strict=True):
                 self.pooled[slot] = vector
         self.remaining -= len(slots)
+
+    def _label_scores(self, model: ScoringModel, slots: list[int], features: torch.Tensor) -> list[list[float]]:
+        """Label-token scores; items whose label lists differ in length are scored in groups of equal length."""
+        assert self.labels is not None
+        by_length: dict[int, list[int]] = {}
+        for at, slot in enumerate(slots):
+            by_length.setdefault(len(self.labels[slot]), []).append(at)
+        rows: list[list[float]] = [[] for _ in slots]
+        for positions in by_length.values():
+            labels = torch.tensor([self.labels[slots[at]] for at in positions], device=features.device)
+            scores = heads.causal_lm_scores(model, features[positions], labels, self.apply_softmax, self.temperature)
+            for at, row in zip(positions, scores.tolist(), strict=True):
+                rows[at] = row
+        return rows
 
     def finish(self) -> None:
         """Resolve the future from the executor thread (the event loop owns it)."""

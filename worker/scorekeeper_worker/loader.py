@@ -26,7 +26,9 @@ log = logging.getLogger(__name__)
 
 # Encoders whose position ids start after the padding index (RoBERTa family).
 _OFFSET_POSITION_TYPES = {"roberta", "xlm-roberta", "camembert"}
-_ENCODER_TYPES = {"bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra"}
+_ENCODER_TYPES = {"bert", "roberta", "xlm-roberta", "camembert", "electra"}
+# DistilBERT's head runs pre_classifier + ReLU before the classifier; refuse rather than score it wrongly.
+_UNSUPPORTED_TYPES = {"distilbert"}
 
 
 class ModelKind(StrEnum):
@@ -92,6 +94,9 @@ def _embedding_pooling(path: Path) -> EmbeddingPooling | None:
 
 
 def _detect_kind(path: Path, architecture: str, model_type: str) -> ModelKind:
+    if model_type in _UNSUPPORTED_TYPES:
+        raise ValueError(f"unsupported model type {model_type!r}: its classifier head has layers the worker does "
+                         "not apply (supported encoders: " + ", ".join(sorted(_ENCODER_TYPES)) + ")")
     if architecture.endswith("ForCausalLM"):
         return ModelKind.CAUSAL_LM
     if architecture.endswith(("ForSequenceClassification", "ForRewardModel")):

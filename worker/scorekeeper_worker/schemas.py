@@ -12,6 +12,11 @@ class BadRequest(ValueError):
     """A client error; the message names the field (turned into HTTP 400)."""
 
 
+# SGLang 0.5.23 request fields with semantics this server does not implement: refused, never silently ignored.
+UNSUPPORTED_SGLANG_FIELDS = ("return_token_logprobs", "score_extraction_token", "embed_override_token_id",
+                             "query_embed_overrides", "item_embed_overrides")
+
+
 class ScoreRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -26,6 +31,15 @@ class ScoreRequest(BaseModel):
     temperature: float = 1.0
     multi_item_scoring: bool | None = Field(
         None, description="per-request override of the server's multi-item scoring (decoder models)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data: object) -> object:
+        if isinstance(data, dict):
+            for name in UNSUPPORTED_SGLANG_FIELDS:
+                if data.get(name) not in (None, False):
+                    raise BadRequest(f"{name} is not supported by this server")
+        return data
 
     @field_validator("temperature")
     @classmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -84,6 +85,9 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
         path = request.url.path
         scoring = path in SCORING_PATHS
         length = request.headers.get("content-length")
+        if length is None and request.method == "POST":
+            # Chunked upload: no declared length, so measure the body (Starlette hands the read body on).
+            length = str(len(await request.body()))
         if length is not None and length.isdigit() and int(length) > config.max_request_bytes:
             metrics.rejected.labels("body_too_large").inc()
             response: Response = _error(413, "RequestTooLarge",
@@ -102,6 +106,11 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
         if scoring:
             metrics.stage_seconds.labels("end_to_end").observe(time.perf_counter() - started)
         return response
+
+    @app.exception_handler(Exception)
+    async def on_internal_error(_: Request, error: Exception) -> JSONResponse:
+        log.exception("internal error")
+        return _error(500, "InternalServerError", f"internal error: {type(error).__name__}")
 
     @app.exception_handler(RequestValidationError)
     async def on_schema_error(_: Request, error: RequestValidationError) -> JSONResponse:
@@ -160,4 +169,4 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
 def run(config: WorkerConfig) -> None:
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=config.log_level,
-                timeout_graceful_shutdown=int(config.drain_timeout_seconds) or None)
+                timeout_graceful_shutdown=max(1, math.ceil(config.drain_timeout_seconds)))
