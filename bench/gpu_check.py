@@ -189,7 +189,8 @@ def check_copies(model: ScoringModel, reps: int) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", action="append", type=Path, help="model directory (repeatable; default: tiny models)")
+    parser.add_argument("--model", action="append", type=Path,
+                        help="model directory (repeatable; default: tiny models)")
     parser.add_argument("--dtype", action="append", choices=["float32", "bfloat16"],
                         help="repeatable; default float32 and bfloat16")
     parser.add_argument("--buckets", default="64,128,256,512,1024", help="comma-separated token buckets")
@@ -223,6 +224,7 @@ def main() -> int:
             log(f"{label}: loading")
             run: dict[str, Any] = {"model": name, "dtype": dtype}
             report["runs"].append(run)
+            model = None
             try:
                 model = load_model(path, DType(dtype), device.type, name)
                 run["flex_vs_sdpa"] = check_flex(model)
