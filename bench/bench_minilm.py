@@ -26,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (  # noqa: E402
+from common import (
     BENCH_VENV_PYTHON,
     Peer,
     Worker,
@@ -35,6 +35,7 @@ from common import (  # noqa: E402
     markdown_table,
     max_abs_diff,
     median,
+    set_threads,
 )
 
 MIXES = {"short": (8, 64), "long": (32, 224)}
@@ -173,9 +174,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="3 repetitions, 1 warm-up")
     parser.add_argument("--worker-arg", action="append", default=[],
-                        help="extra flag for `scorekeeper-worker serve` (repeatable), e.g. --worker-arg=--max-batch-tokens=4096")
+                        help="extra flag for `scorekeeper-worker serve` (repeatable), "
+                        "e.g. --worker-arg=--max-batch-tokens=4096")
+    parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS for every process under test (default: "
+                        "torch's own choice, the core count)")
     parser.add_argument("--json", type=Path, help="write the raw records here")
     args = parser.parse_args()
+    set_threads(args.threads)
     if args.quick:
         args.reps, args.warmup = 3, 1
     dtypes = args.dtype.split(",")

@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import Peer, Worker, log, machine_note, markdown_table, max_abs_diff, median  # noqa: E402
+from common import Peer, Worker, log, machine_note, markdown_table, max_abs_diff, median, set_threads
 
 ITEM_LEN = 16
 DEFAULT_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "models"
@@ -188,8 +188,11 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where the converted SmolLM2 dir lives")
     parser.add_argument("--worker-arg", action="append", default=[],
                         help="extra flag for `scorekeeper-worker serve` (repeatable)")
+    parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS for every process under test (default: "
+                        "torch's own choice, the core count)")
     parser.add_argument("--json", type=Path, help="write the raw results here")
     args = parser.parse_args()
+    set_threads(args.threads)
     if args.quick:
         args.q, args.n, args.sample_items, args.reps, args.reps_slow = "512", "10,100", 32, 3, 2
         args.budget, args.config_budget = min(args.budget, 120.0), min(args.config_budget, 45.0)

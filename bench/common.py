@@ -39,9 +39,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+THREADS: int | None = None  # --threads: the same OMP/MKL thread count for every process under test
+
+
+def set_threads(threads: int | None) -> None:
+    global THREADS
+    THREADS = threads
+
+
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(OFFLINE_ENV)
+    if THREADS:
+        env.update({"OMP_NUM_THREADS": str(THREADS), "MKL_NUM_THREADS": str(THREADS)})
     env.update(extra or {})
     return env
 
@@ -64,7 +74,7 @@ class Worker:
                  ready_timeout: float = 600.0) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_file = tempfile.NamedTemporaryFile(prefix="scorekeeper-worker-", suffix=".log", delete=False)
+        self.log_file = tempfile.NamedTemporaryFile(prefix="scorekeeper-worker-", suffix=".log", delete=False)  # noqa: SIM115
         cmd = [sys.executable, "-c", "from scorekeeper_worker.cli import main; main()", "serve",
                "--model", str(model), "--dtype", dtype, "--host", "127.0.0.1", "--port", str(self.port),
                "--log-level", "warning", *(extra_args or [])]
@@ -122,10 +132,10 @@ class Peer:
     def __init__(self, system: str, model: Path | str, dtype: str, workload: dict[str, Any],
                  python: Path | str | None = None, options: dict[str, Any] | None = None) -> None:
         self.system = system
-        self.workload_file = tempfile.NamedTemporaryFile("w", prefix="bench-workload-", suffix=".json", delete=False)
+        self.workload_file = tempfile.NamedTemporaryFile("w", prefix="bench-workload-", suffix=".json", delete=False)  # noqa: SIM115
         json.dump(workload, self.workload_file)
         self.workload_file.close()
-        self.stderr = tempfile.NamedTemporaryFile(prefix=f"bench-{system}-", suffix=".log", delete=False)
+        self.stderr = tempfile.NamedTemporaryFile(prefix=f"bench-{system}-", suffix=".log", delete=False)  # noqa: SIM115
         cmd = [str(python or sys.executable), str(PEERS_SCRIPT), "--system", system, "--model", str(model),
                "--dtype", dtype, "--workload", self.workload_file.name, "--options", json.dumps(options or {})]
         log(f"starting peer {system} ({dtype}) with {cmd[0]}")
@@ -195,5 +205,7 @@ def machine_note() -> str:
 
     import torch
 
+    threads = THREADS or torch.get_num_threads()
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     return (f"python {platform.python_version()}, torch {torch.__version__}, {os.cpu_count()} CPUs, "
-            f"torch threads {torch.get_num_threads()}")
+            f"{threads} threads per process{' (--threads)' if THREADS else ' (torch default)'}, load average {load}")

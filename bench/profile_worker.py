@@ -20,9 +20,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-
-from common import median  # noqa: E402
+import torch
+from common import median
 
 
 def load(kind: str, dtype: str, cache: Path) -> Any:
@@ -42,7 +41,8 @@ def request_for(kind: str, model: Any, args: argparse.Namespace) -> Any:
 
         w = make_workload(Path(model.tokenizer.name_or_path), args.mix, args.items, 0)
         return ScoreRequest(query=w["query"], items=w["items"])
-    from bench_mis import label_ids, make_workload as mis_workload
+    from bench_mis import label_ids
+    from bench_mis import make_workload as mis_workload
 
     labels = label_ids(Path(model.tokenizer.name_or_path))
     w = mis_workload(args.q, args.n, model.model.config.vocab_size, labels, 0)

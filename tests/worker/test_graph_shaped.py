@@ -116,9 +116,10 @@ def _runner(model: ScoringModel, kind: LayoutKind = LayoutKind.DENSE, pad_token:
     return runner
 
 
-# qwen3: GQA; gemma2: attention softcapping; bert-embed: encoder, mean pooling; xlmr-cross: positions starting at 2,
-# first-token pooling; bert-cross: token types.
-@pytest.mark.parametrize("name", ["qwen3-cls3", "gemma2-reward", "bert-embed", "xlmr-cross", "bert-cross"])
+# qwen3: GQA; gemma2: attention softcapping; mistral: a sliding window shorter than the batches; bert-embed: encoder,
+# mean pooling; xlmr-cross: positions starting at 2, first-token pooling; bert-cross: token types.
+@pytest.mark.parametrize("name", ["qwen3-cls3", "gemma2-reward", "mistral-cls3", "bert-embed", "xlmr-cross",
+                                  "bert-cross"])
 def test_padded_batches_equal_unpadded_ones_in_every_bucket(name: str, models: Callable[[str], ScoringModel]) -> None:
     model = models(name)
     runner = _runner(model)
