@@ -1,6 +1,6 @@
 """Packed attention: document masking and multi-item scoring without a T×T mask.
 
-A packed batch is one row of T tokens. Its layout, computed on the host (see `inputs.py`), splits it into
+A packed batch is one row of T tokens. Its layout, computed on the host (see `packing.py`), splits it into
 - context rows: whole sequences (single-item scoring, encoders) or the shared query of a multi-item group; each
   token attends within its own row (causally for decoders);
 - item rows: the items of a multi-item group; an item token attends to its group's query (the first `prefix_len`
