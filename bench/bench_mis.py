@@ -149,7 +149,7 @@ def report(results: list[dict[str, Any]], names: list[str]) -> str:
                 cells.append("skipped (budget)")
             elif s in ips:
                 of = f" (of {r['counts'][s]})" if r["counts"][s] < r["n"] else ""
-                cells.append(f"{ips[s]:.1f}{of}")
+                cells.append(f"{ips[s]:.3g}{of}")
             else:
                 cells.append("—")
         tr = token_ratio(r["q"], r["n"])
@@ -177,13 +177,13 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5, help="most repetitions for MIS")
     parser.add_argument("--reps-slow", type=int, default=3, help="most repetitions for single-item and transformers")
     parser.add_argument("--warmup", type=int, default=1, help="0 skips the full-size warm-up of slow systems")
-    parser.add_argument("--sample-items", type=int, default=100,
+    parser.add_argument("--sample-items", type=int, default=32,
                         help="single-item and transformers are timed on at most this many items")
     parser.add_argument("--budget", type=float, default=240.0, help="skip a system whose repetition exceeds this")
     parser.add_argument("--config-budget", type=float, default=90.0,
                         help="fewer repetitions when a system's repetitions would exceed this many seconds")
     parser.add_argument("--quick", action="store_true",
-                        help="Q=512, N ∈ {10, 100}, single-item/transformers on 32 items, 3/2 repetitions")
+                        help="Q=512, N ∈ {10, 100}, 3/2 repetitions, tighter budgets")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where the converted SmolLM2 dir lives")
     parser.add_argument("--worker-arg", action="append", default=[],
@@ -194,7 +194,7 @@ def main() -> None:
     args = parser.parse_args()
     set_threads(args.threads)
     if args.quick:
-        args.q, args.n, args.sample_items, args.reps, args.reps_slow = "512", "10,100", 32, 3, 2
+        args.q, args.n, args.reps, args.reps_slow = "512", "10,100", 3, 2
         args.budget, args.config_budget = min(args.budget, 120.0), min(args.config_budget, 45.0)
     names = args.systems.split(",")
     qs = [int(v) for v in args.q.split(",")]
