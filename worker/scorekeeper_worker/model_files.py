@@ -138,7 +138,14 @@ def load_gguf(
     config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
     config.pad_token_id = tokenizer.pad_token_id
     model = AutoModelForCausalLM.from_config(config)
-    model.load_state_dict(gguf_model.state_dict())
+    # Some loads leave a tied output embedding as a meta tensor (seen on fresh installs): skip meta entries and
+    # let the rebuilt model's tying supply them; anything else missing is an error.
+    state = {name: tensor for name, tensor in gguf_model.state_dict().items() if not tensor.is_meta}
+    missing = set(model.load_state_dict(state, strict=False).missing_keys)
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    if missing - tied:
+        raise ValueError(f"{path}: weights missing after GGUF conversion: {sorted(missing - tied)}")
+    model.tie_weights()
     del gguf_model
     # The GGUF tokenizer comes without a length limit; the model's context length is the real one.
     tokenizer.model_max_length = config.max_position_embeddings
