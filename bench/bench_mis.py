@@ -10,7 +10,7 @@ Inputs are token ids (seeded): a query of Q random ids and N items of I=16 rando
 Both worker modes run on the same server (started here, one per dtype); the peer runs in its own process.
 
 Single-item and transformers cost exactly N·(Q+I) tokens in N independent sequences, so their items/s do not depend
-on N: above --sample-items items they are timed on the first --sample-items items (marked "of N" in the table).
+on N: above --sample-items items they are timed on the first --sample-items items (marked "(of 32)" in the table).
 A system whose estimated repetition exceeds --budget seconds is "skipped (budget)". The token ratio
 N·(Q+I)/(Q+N·I) is the speed-up MIS would get if time were proportional to tokens.
 
