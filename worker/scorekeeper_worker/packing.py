@@ -111,6 +111,17 @@ def _row_block(rows: list[_Row], device: torch.device) -> tuple[list[list[int]],
     return index, positions, [len(r.tokens) for r in rows]
 
 
+def _add_pools(unit: PackUnit, start: int, pool_token: list[int], pool_slot: list[int], pool_weight: list[float],
+               owners: list[Any]) -> None:
+    """Append the unit's pools (packed token, pooled-vector slot, mean weight) for a unit starting at `start`."""
+    for pool in unit.pools:
+        for offset in pool.offsets:
+            pool_token.append(start + offset)
+            pool_slot.append(len(owners))
+            pool_weight.append(1.0 / len(pool.offsets))
+        owners.append(pool.owner)
+
+
 def _tensor(values: list[Any], device: torch.device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.long, device=device)
 
@@ -156,12 +167,7 @@ def build_inputs(units: list[PackUnit], device: torch.device, kind: LayoutKind =
             ids += item
             positions += item_positions
             token_types += [0] * len(item)
-        for pool in unit.pools:
-            for offset in pool.offsets:
-                pool_token.append(start + offset)
-                pool_slot.append(len(owners))
-                pool_weight.append(1.0 / len(pool.offsets))
-            owners.append(pool.owner)
+        _add_pools(unit, start, pool_token, pool_slot, pool_weight, owners)
 
     scatter = [0] * len(ids)
     flat_offset = 0
@@ -236,12 +242,7 @@ def _build_token_inputs(units: list[PackUnit], device: torch.device, kind: Layou
             offset += range(len(item))
             prefix += [unit.visible_prefix] * len(item)
             rows += 1
-        for pool in unit.pools:
-            for token in pool.offsets:
-                pool_token.append(start + token)
-                pool_slot.append(len(owners))
-                pool_weight.append(1.0 / len(pool.offsets))
-            owners.append(pool.owner)
+        _add_pools(unit, start, pool_token, pool_slot, pool_weight, owners)
 
     live = len(ids)
     pool_rows = len(owners)
