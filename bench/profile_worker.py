@@ -92,30 +92,6 @@ def score_once(model: Any, request: Any, mis: bool, max_batch_tokens: int) -> di
     return stages
 
 
-def compare(model: Any, request: Any, args: argparse.Namespace) -> None:
-    """Worker attention vs the prototype, alternating repetitions in this process; forward seconds + scores."""
-    from proto_attention import packed_attention_sdpa
-    from scorekeeper_worker.attention import ATTENTION_NAME, packed_attention
-    from transformers import AttentionInterface
-
-    impls = {"worker": packed_attention, "proto": packed_attention_sdpa}
-    forward: dict[str, list[float]] = {name: [] for name in impls}
-    scores: dict[str, Any] = {}
-    for rep in range(args.reps + 1):
-        for name, fn in impls.items():
-            AttentionInterface.register(ATTENTION_NAME, fn)
-            result = score_once(model, request, args.mis, args.max_batch_tokens)
-            scores[name] = result["scores"]
-            if rep:  # the first round is the warm-up
-                forward[name].append(result["forward"])
-    AttentionInterface.register(ATTENTION_NAME, packed_attention)
-    diff = max(abs(a - b) for ra, rb in zip(scores["worker"], scores["proto"], strict=True)
-               for a, b in zip(ra, rb, strict=True))
-    w, p = median(forward["worker"]), median(forward["proto"])
-    print(f"forward seconds, median of {args.reps}: worker attention {w:.3f}, prototype {p:.3f} "
-          f"→ {w / p:.2f}× faster; max |Δscore| {diff:.1e}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", choices=["minilm", "smollm2"])
@@ -129,17 +105,11 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--stages", action="store_true", help="only the stage timings, no profiler")
     parser.add_argument("--rows", type=int, default=30)
-    parser.add_argument("--proto", action="store_true",
-                        help="also time bench/proto_attention.py (the proposed attention) against the worker's "
-                             "own, alternating, and compare their scores")
     parser.add_argument("--cache", type=Path, default=Path(__file__).resolve().parent.parent / ".cache" / "models")
     args = parser.parse_args()
     model = load(args.model, args.dtype, args.cache)
     request = request_for(args.model, model, args)
     score_once(model, request, args.mis, args.max_batch_tokens)  # warm-up
-    if args.proto:
-        compare(model, request, args)
-        return
     runs = [score_once(model, request, args.mis, args.max_batch_tokens) for _ in range(args.reps)]
     for key in runs[0]:
         if key != "scores":

@@ -254,15 +254,16 @@ def test_server_with_cuda_graph_flag_scores_like_eager(tiny_model: Callable[[str
     rng = random.Random(5)
     query, items = _ids(rng, 12), [_ids(rng, rng.randint(1, 9)) for _ in range(7)]
     big = [_ids(rng, 120) for _ in range(4)]  # single-item, 4 × 132 tokens: above the largest bucket → eager
+    # Eager CPU runs fused flash kernels, the graph path explicit float32 scores: rounding differs (≈ 1e-6).
     for body in ({"multi_item_scoring": True}, {"multi_item_scoring": False}, {"return_pooled_hidden_states": True}):
         want = eager.score(query=query, items=items, **body).json()
         got = graphs.score(query=query, items=items, **body).json()
-        np.testing.assert_allclose(got["scores"], want["scores"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got["scores"], want["scores"], rtol=1e-5, atol=1e-5)
         if "pooled_hidden_states" in body:
             np.testing.assert_allclose(got["pooled_hidden_states"], want["pooled_hidden_states"], rtol=1e-5,
-                                       atol=1e-6)
+                                       atol=1e-5)
     got, want = graphs.score(query=query, items=big).json(), eager.score(query=query, items=big).json()
-    np.testing.assert_allclose(got["scores"], want["scores"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["scores"], want["scores"], rtol=1e-5, atol=1e-5)
     runs: dict[tuple[str, str], float] = {}
     padding = 0.0
     for family in text_string_to_metric_families(httpx.get(graphs.url + "/metrics").text):

@@ -90,7 +90,6 @@ class _Row:
     tokens: list[int]  # packed indices
     positions: list[int]
     context: int = -1  # item rows: index into the item-context rows
-    prefix: int = 0
 
 
 def _blocks(rows: list[_Row]) -> list[list[_Row]]:
@@ -104,11 +103,17 @@ def _blocks(rows: list[_Row]) -> list[list[_Row]]:
     return blocks
 
 
-def _row_block(rows: list[_Row], device: torch.device) -> tuple[list[list[int]], list[list[int]], list[int]]:
+def _row_block(rows: list[_Row], spare: int, device: torch.device) -> RowBlock:
+    """Rows padded to the longest; padding reads token 0 and writes to the spare row `spare`."""
     width = max(1, max(len(r.tokens) for r in rows))
-    index = [r.tokens + [0] * (width - len(r.tokens)) for r in rows]
-    positions = [r.positions + [0] * (width - len(r.positions)) for r in rows]
-    return index, positions, [len(r.tokens) for r in rows]
+    pad = [width - len(r.tokens) for r in rows]
+    return RowBlock(
+        token_index=_tensor([r.tokens + [0] * p for r, p in zip(rows, pad, strict=True)], device),
+        lengths=_tensor([len(r.tokens) for r in rows], device),
+        positions=_tensor([r.positions + [0] * p for r, p in zip(rows, pad, strict=True)], device),
+        write_index=_tensor([t for r, p in zip(rows, pad, strict=True) for t in r.tokens + [spare] * p], device),
+        padded=any(pad),
+    )
 
 
 def _add_pools(unit: PackUnit, start: int, pool_token: list[int], pool_slot: list[int], pool_weight: list[float],
@@ -157,42 +162,24 @@ def build_inputs(units: list[PackUnit], device: torch.device, kind: LayoutKind =
         ids += unit.context
         positions += context_positions
         token_types += unit.token_types or [0] * len(unit.context)
-        if unit.items:
-            item_context_rows.append(row)
+        if unit.items:  # the query tokens its items see: the context row without its delimiter
+            item_context_rows.append(_Row(row.tokens[:unit.visible_prefix], row.positions[:unit.visible_prefix]))
         for item in unit.items:
             first = unit.position_start + unit.visible_prefix
             item_positions = list(range(first, first + len(item)))
             item_rows.append(_Row(list(range(len(ids), len(ids) + len(item))), item_positions,
-                                  context=len(item_context_rows) - 1, prefix=unit.visible_prefix))
+                                  context=len(item_context_rows) - 1))
             ids += item
             positions += item_positions
             token_types += [0] * len(item)
         _add_pools(unit, start, pool_token, pool_slot, pool_weight, owners)
 
-    scatter = [0] * len(ids)
-    flat_offset = 0
-    context_blocks: list[RowBlock] = []
-    item_blocks: list[ItemBlock] = []
-    for is_item, rows in ((False, context_rows), (True, item_rows)):
-        for block_rows in _blocks(rows):
-            index, block_positions, lengths = _row_block(block_rows, device)
-            width = len(index[0])
-            for r, row in enumerate(block_rows):
-                for j, token in enumerate(row.tokens):
-                    scatter[token] = flat_offset + r * width + j
-            flat_offset += len(block_rows) * width
-            tensors = (_tensor(index, device), _tensor(lengths, device), _tensor(block_positions, device))
-            if is_item:
-                item_blocks.append(ItemBlock(*tensors, context=_tensor([r.context for r in block_rows], device),
-                                             prefix_lengths=_tensor([r.prefix for r in block_rows], device)))
-            else:
-                context_blocks.append(RowBlock(*tensors))
-    item_contexts = None
-    if item_context_rows:
-        index, block_positions, lengths = _row_block(item_context_rows, device)
-        item_contexts = RowBlock(_tensor(index, device), _tensor(lengths, device), _tensor(block_positions, device))
-
-    layout = AttentionLayout(context_blocks, item_blocks, item_contexts, _tensor(scatter, device))
+    spare = len(ids)
+    context_blocks = [_row_block(rows, spare, device) for rows in _blocks(context_rows)]
+    item_blocks = [ItemBlock(**vars(_row_block(rows, spare, device)),
+                             context=_tensor([r.context for r in rows], device)) for rows in _blocks(item_rows)]
+    item_contexts = _row_block(item_context_rows, spare, device) if item_context_rows else None
+    layout = AttentionLayout(context_blocks, item_blocks, item_contexts)
     return ForwardInputs(
         input_ids=_tensor([ids], device),
         position_ids=_tensor([positions], device),
@@ -266,7 +253,7 @@ def _build_token_inputs(units: list[PackUnit], device: torch.device, kind: Layou
     position_ids = _tensor([positions], device)
     tokens = TokenLayout(segment=_tensor(segment, device), context=_tensor(context, device),
                          offset=_tensor(offset, device), prefix=_tensor(prefix, device), positions=position_ids[0])
-    layout = AttentionLayout([], [], None, torch.empty(0, dtype=torch.long, device=device), kind=kind, tokens=tokens)
+    layout = AttentionLayout(kind=kind, tokens=tokens)
     return ForwardInputs(
         input_ids=_tensor([ids], device),
         position_ids=position_ids,
