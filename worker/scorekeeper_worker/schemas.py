@@ -12,6 +12,14 @@ class BadRequest(ValueError):
     """A client error; the message names the field (turned into HTTP 400)."""
 
 
+class ResponseTooLarge(BadRequest):
+    """The response could exceed `--max-response-bytes` (HTTP 400, counted as a rejection)."""
+
+
+class RequestTooLarge(Exception):
+    """The request would run more tokens than `--max-request-tokens` (HTTP 413); the message names the field."""
+
+
 # SGLang 0.5.23 request fields with semantics this server does not implement: refused, never silently ignored.
 UNSUPPORTED_SGLANG_FIELDS = ("return_token_logprobs", "score_extraction_token", "embed_override_token_id",
                              "query_embed_overrides", "item_embed_overrides")

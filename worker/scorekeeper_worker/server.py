@@ -1,7 +1,8 @@
-"""HTTP: FastAPI routes, error mapping (400/413/429/503, never 500 for bad input), metrics, graceful drain."""
+"""HTTP: FastAPI routes, error mapping (400/413/429/503/504, never 500 for bad input), metrics, graceful drain."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import threading
@@ -18,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
 from scorekeeper_worker.config import WorkerConfig
+from scorekeeper_worker.disconnect import ClientDisconnected, cancel_on_disconnect
 from scorekeeper_worker.metrics import WorkerMetrics
 from scorekeeper_worker.rerank import rerank
 from scorekeeper_worker.scheduler import Overloaded
@@ -26,12 +28,14 @@ from scorekeeper_worker.schemas import (
     ErrorResponse,
     ModelCard,
     ModelList,
+    RequestTooLarge,
     RerankRequest,
     RerankResponse,
+    ResponseTooLarge,
     ScoreRequest,
     ScoreResponse,
 )
-from scorekeeper_worker.service import NotReady, ScoringService
+from scorekeeper_worker.service import NotReady, RequestTimedOut, ScoringService
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_SECONDS = "1"
@@ -120,6 +124,26 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
     async def on_bad_request(_: Request, error: BadRequest) -> JSONResponse:
         return _error(400, "BadRequestError", str(error))
 
+    @app.exception_handler(ResponseTooLarge)
+    async def on_response_too_large(_: Request, error: ResponseTooLarge) -> JSONResponse:
+        metrics.rejected.labels("response_bytes").inc()
+        return _error(400, "BadRequestError", str(error))
+
+    @app.exception_handler(RequestTooLarge)
+    async def on_too_many_tokens(_: Request, error: RequestTooLarge) -> JSONResponse:
+        metrics.rejected.labels("request_tokens").inc()
+        return _error(413, "RequestTooLarge", str(error))
+
+    @app.exception_handler(RequestTimedOut)
+    async def on_timeout(_: Request, error: RequestTimedOut) -> JSONResponse:
+        return _error(504, "GatewayTimeout", str(error))
+
+    @app.exception_handler(ClientDisconnected)
+    async def on_disconnect(_: Request, error: ClientDisconnected) -> JSONResponse:
+        # Nobody reads this response; the status (nginx's "client closed request") shows up in the request metrics.
+        metrics.cancelled.labels("disconnect").inc()
+        return _error(499, "ClientClosedRequest", str(error))
+
     @app.exception_handler(Overloaded)
     async def on_overload(_: Request, error: Overloaded) -> JSONResponse:
         metrics.rejected.labels("queue_full").inc()
@@ -129,17 +153,20 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
     async def on_not_ready(_: Request, error: NotReady) -> JSONResponse:
         return _error(503, "ServiceUnavailable", str(error), {"Retry-After": RETRY_AFTER_SECONDS})
 
+    # Scoring routes race their work against the client's connection (a disconnect drops the queued work) and
+    # serialise in a worker thread (a large response must not stall the event loop).
     @app.post("/v1/score", response_model=ScoreResponse, responses={400: {"model": ErrorResponse}})
-    async def score(request: ScoreRequest) -> Response:
-        response = await service.score(request)
+    async def score(body: ScoreRequest, http: Request) -> Response:
+        response = await cancel_on_disconnect(service.score(body), http.receive)
         started = time.perf_counter()
-        body = Response(response.model_dump_json(), media_type="application/json")
+        content = await asyncio.to_thread(response.model_dump_json)
         metrics.stage_seconds.labels("serialize").observe(time.perf_counter() - started)
-        return body
+        return Response(content, media_type="application/json")
 
     @app.post("/v1/rerank", response_model=RerankResponse, responses={400: {"model": ErrorResponse}})
-    async def rerank_route(request: RerankRequest) -> RerankResponse:
-        return await rerank(service, request)
+    async def rerank_route(body: RerankRequest, http: Request) -> Response:
+        response = await cancel_on_disconnect(rerank(service, body), http.receive)
+        return Response(await asyncio.to_thread(response.model_dump_json), media_type="application/json")
 
     @app.get("/v1/models", response_model=ModelList)
     async def models() -> ModelList:
