@@ -222,7 +222,7 @@ class WorkerThread:
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        app = create_app(WorkerConfig(host="127.0.0.1", port=self.port, **config))
+        self.app = app = create_app(WorkerConfig(host="127.0.0.1", port=self.port, **config))
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
                                                     timeout_graceful_shutdown=5))
         self.thread = threading.Thread(target=self.server.run, name=f"worker-{self.port}", daemon=True)
