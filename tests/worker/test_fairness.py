@@ -22,7 +22,7 @@ SMALL = {"query": [7, 8], "items": [[9, 10]]}  # one unit of 4 tokens
 
 def _request(name: str, unit_tokens: list[int], batches_formed: int = 0) -> OpenRequest:
     units = deque(PackUnit([1] * tokens) for tokens in unit_tokens)
-    return OpenRequest(name, units, "small", arrival_turn(batches_formed))  # type: ignore[arg-type]
+    return OpenRequest(name, units, sum(unit_tokens), "small", arrival_turn(batches_formed))  # type: ignore[arg-type]
 
 
 def _names(batch: list[tuple[OpenRequest, PackUnit]]) -> list[str]:

@@ -5,13 +5,14 @@ request admitted while batch n runs counts as served just before it, so it goes 
 and behind those batch n left waiting. Each batch is filled round-robin over requests in that order, one unit per
 request per pass, until the token budget is full; a request whose next unit does not fit sits out the rest of the
 batch (its units stay in order). Hence a small request sent while a large one runs is in the very next batch, and
-no request waits more than one batch behind newer ones: a stream of small requests cannot starve a large one.
-Units are whole sequences or multi-item chunks, so splitting a request across batches never changes its scores."""
+a request is only ever overtaken by requests admitted before the batch after its last service was formed: a
+stream of small requests cannot starve a large one (under overload its share is bounded by the queue, never zero). Units are whole
+sequences or multi-item chunks, so splitting a request across batches never changes its scores."""
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -34,14 +35,11 @@ class OpenRequest:
 
     job: ScoreJob
     units: deque[PackUnit]
+    queued_tokens: int  # tokens of `units`
     size: str  # one of SIZE_CLASSES
-    turn: int  # lower goes first (see the module docstring)
-    queued_tokens: int = field(init=False)
+    turn: int = 0  # lower goes first (see the module docstring)
     started: bool = False  # whether any of its units has been taken into a batch
     closed: bool = False  # finished, failed or cancelled: no more work or results
-
-    def __post_init__(self) -> None:
-        self.queued_tokens = sum(unit.num_tokens for unit in self.units)
 
 
 def arrival_turn(batches_formed: int) -> int:

@@ -61,16 +61,15 @@ class Scheduler:
         """Tokens admitted and not yet taken into a batch."""
         return self._queued_tokens
 
-    def submit(self, job: ScoreJob, units: list[PackUnit]) -> OpenRequest:
-        """Admit a request's units (429 when the queue is full); the handle cancels it."""
-        request = OpenRequest(job, deque(units), size_class(sum(u.num_tokens for u in units),
-                                                             self.max_batch_tokens), turn=0)
+    def submit(self, job: ScoreJob, units: list[PackUnit], tokens: int) -> OpenRequest:
+        """Admit a request's units, `tokens` in all (429 when the queue is full); the handle cancels it. Constant
+        work besides copying the unit list: it runs on the event loop."""
+        request = OpenRequest(job, deque(units), tokens, size_class(tokens, self.max_batch_tokens))
         with self._cond:
             if self._stopping:
                 raise Overloaded("shutting down")
-            if self._queued_tokens and self._queued_tokens + request.queued_tokens > self.max_queue_tokens:
+            if self._queued_tokens and self._queued_tokens + tokens > self.max_queue_tokens:
                 raise Overloaded(f"queue holds {self._queued_tokens} tokens; limit {self.max_queue_tokens}")
-            job.remaining = sum(len(u.pools) for u in units)
             job.enqueued_at = time.perf_counter()
             request.turn = arrival_turn(self._formed)
             bisect.insort(self._waiting, request, key=lambda r: r.turn)

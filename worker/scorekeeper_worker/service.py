@@ -14,8 +14,7 @@ from scorekeeper_worker.executor import Executor
 from scorekeeper_worker.jobs import JobResult, ScoreJob
 from scorekeeper_worker.loader import ModelKind, ScoringModel, load_model
 from scorekeeper_worker.metrics import WorkerMetrics
-from scorekeeper_worker.packing import PackUnit
-from scorekeeper_worker.planning import admit_pairs, plan, tokenize
+from scorekeeper_worker.planning import ScorePlan, admit_pairs, plan, tokenize
 from scorekeeper_worker.scheduler import Scheduler
 from scorekeeper_worker.schemas import BadRequest, ResponseTooLarge, ScoreRequest, ScoreResponse, Usage
 
@@ -35,6 +34,7 @@ class RequestTimedOut(Exception):
 # spare, plus the echoed model name at up to 6 bytes per character (JSON escapes).
 JSON_FLOAT_BYTES = 25
 JSON_ITEM_BYTES = 6
+JSON_ESCAPE_BYTES = 6
 RESPONSE_OVERHEAD_BYTES = 1024
 
 
@@ -67,7 +67,7 @@ def _check_response_bytes(model: ScoringModel, request: ScoreRequest, labels: li
     scores = sum(len(row) for row in labels) if labels is not None else \
         items * (1 if model.kind == ModelKind.EMBEDDING else model.logit_size)
     pooled = items * model.hidden_size if request.return_pooled_hidden_states else 0
-    bound = (RESPONSE_OVERHEAD_BYTES + 6 * len(request.model) + items * JSON_ITEM_BYTES
+    bound = (RESPONSE_OVERHEAD_BYTES + JSON_ESCAPE_BYTES * len(request.model) + items * JSON_ITEM_BYTES
              + (scores + pooled) * JSON_FLOAT_BYTES)
     if bound > limit:
         field = "return_pooled_hidden_states" if pooled else "label_token_ids" if labels is not None else "items"
@@ -162,9 +162,9 @@ class ScoringService:
         if prepared is None:
             return ScoreResponse(scores=[], model=request.model, usage=Usage(prompt_tokens=0, total_tokens=0),
                                  pooled_hidden_states=[] if request.return_pooled_hidden_states else None)
-        job, units = prepared
+        job, score_plan = prepared
         self.metrics.stage_seconds.labels("tokenize").observe(time.perf_counter() - started)
-        queued = scheduler.submit(job, units)
+        queued = scheduler.submit(job, score_plan.units, score_plan.prompt_tokens)
         try:
             result = await job.future
         except BaseException:  # cancelled, timed out or failed: nothing of it may stay queued
@@ -177,8 +177,8 @@ class ScoringService:
         return await asyncio.to_thread(_response, request, result)
 
     def _prepare(self, model: ScoringModel, request: ScoreRequest, future: asyncio.Future[JobResult],
-                 loop: asyncio.AbstractEventLoop) -> tuple[ScoreJob, list[PackUnit]] | None:
-        """Checks, tokenization and planning (a worker thread): the job and its units, or None for no items.
+                 loop: asyncio.AbstractEventLoop) -> tuple[ScoreJob, ScorePlan] | None:
+        """Checks, tokenization and planning (a worker thread): the job and its plan, or None for no items.
         Every limit is checked before the work it bounds."""
         config = self.config
         items = request.item_list
@@ -206,7 +206,8 @@ class ScoringService:
         score_plan = plan(model, request, tokens, job, multi_item, config.max_batch_tokens,
                           config.multi_item_scoring_delimiter, config.max_request_tokens)
         job.prompt_tokens, job.multi_item = score_plan.prompt_tokens, score_plan.multi_item
-        return job, score_plan.units
+        job.remaining = sum(len(unit.pools) for unit in score_plan.units)
+        return job, score_plan
 
     def stop(self) -> None:
         if self.scheduler is not None:
