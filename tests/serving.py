@@ -38,7 +38,7 @@ class RunningServer:
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 600  # a bound for a broken start, not a wait: loading is slow on a busy CPU
         while time.monotonic() < deadline and self.thread.is_alive():
             if self.app.state.service.failed:
                 raise RuntimeError(f"model failed to load: {config}")

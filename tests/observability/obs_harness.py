@@ -30,7 +30,8 @@ CHART_FILES = ROOT / "charts" / "scorekeeper" / "files"
 DOCS = ROOT / "docs" / "observability.md"
 
 # What Grafana puts in for its built-in interval variables when the test evaluates a dashboard query. One minute
-# covers ≥ 2 samples at the test's 1 s scrape interval and still holds the whole bounded load.
+# covers ≥ 2 samples at the test's 1 s scrape interval; the live test widens $__rate_interval to hold its whole load
+# (test_observability_prometheus.Observed.rate_interval), which takes longer than a minute on a loaded machine.
 GRAFANA_INTERVALS = {"__rate_interval": "1m", "__interval": "15s", "__range": "5m"}
 _VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
 _METRIC = re.compile(r"\bscorekeeper_[a-z0-9_]+\b")
