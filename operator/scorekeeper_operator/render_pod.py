@@ -61,12 +61,12 @@ def _resources(model: ScoringModel, *, gpus: bool = True) -> dict[str, Any]:
     return {k: v for k, v in {"requests": requests, "limits": limits}.items() if v}
 
 
-def container_security() -> dict[str, Any]:
+def _container_security() -> dict[str, Any]:
     return {"allowPrivilegeEscalation": False, "privileged": False, "readOnlyRootFilesystem": True,
             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
 
 
-def pod_security() -> dict[str, Any]:
+def _pod_security() -> dict[str, Any]:
     return {"runAsNonRoot": True, "runAsUser": pod_layout.WORKER_UID, "runAsGroup": pod_layout.WORKER_GID,
             # fsGroup: the download init container can write the cache PVC; OnRootMismatch skips a recursive
             # chown of a large cache on every start.
@@ -103,7 +103,7 @@ def _worker_container(model: ScoringModel, image: str, model_mounts: list[dict[s
             *model_mounts,
             *user["volumeMounts"],
         ],
-        "securityContext": container_security(),
+        "securityContext": _container_security(),
     }
     if user["envFrom"]:
         container["envFrom"] = user["envFrom"]
@@ -155,7 +155,7 @@ def pod_template(model: ScoringModel, settings: OperatorSettings, labels: dict[s
         "terminationGracePeriodSeconds": termination_grace_seconds(model),
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
-        "securityContext": pod_security(),
+        "securityContext": _pod_security(),
         "containers": [_worker_container(model, image, model_mounts, user)],
         "volumes": [
             {"name": "config", "configMap": {"name": model.name}},
@@ -168,7 +168,7 @@ def pod_template(model: ScoringModel, settings: OperatorSettings, labels: dict[s
         **_scheduling(model, selector),
     }
     if spec.model.scheme == "hf":
-        base = {**user, "resources": _resources(model, gpus=False), "securityContext": container_security()}
+        base = {**user, "resources": _resources(model, gpus=False), "securityContext": _container_security()}
         pod["initContainers"] = [download_init_container(model, settings, image, base)]
     if knobs.service_account_name:
         pod["serviceAccountName"] = knobs.service_account_name

@@ -15,6 +15,7 @@ from scorekeeper_operator.spec import ScoringModel
 
 MODELS = ("alpha", "bravo", "charlie")
 OLD, NEW = "registry.example/worker:1", "registry.example/worker:2"
+WAIT = 60.0
 
 
 def image_of(cluster: Cluster, name: str) -> str:
@@ -34,22 +35,25 @@ def upgrading(cluster: Cluster) -> list[str]:
 
 
 async def settled(cluster: Cluster, on_new: int) -> None:
-    await cluster.wait_for(lambda: sum(image_of(cluster, n) == NEW for n in MODELS) == on_new,
+    # Generous deadlines: the waits poll and return as soon as the state is there, and a loaded CI box is slow.
+    await cluster.wait_for(lambda: sum(image_of(cluster, n) == NEW for n in MODELS) == on_new, timeout=WAIT,
                            what=f"{on_new} models on the new image")
     await cluster.wait_for(lambda: all(status_of(cluster, n).get("pendingWorkerImage") == NEW
-                                       for n in MODELS if image_of(cluster, n) == OLD), what="pending reported")
-    await quiet(cluster)
+                                       for n in MODELS if image_of(cluster, n) == OLD), timeout=WAIT,
+                           what="pending reported")
+    await quiet(cluster, timeout=WAIT)
 
 
 @pytest.mark.asyncio
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(400)
 async def test_a_new_default_image_rolls_one_model_at_a_time(cluster: Cluster) -> None:
     async with running_operator(cluster, env={"SCOREKEEPER_WORKER_IMAGE": OLD}):
         for name in MODELS:
             await cluster.create("scoringmodels", NAMESPACE, scoring_model(name))
         await cluster.create("scoringmodels", NAMESPACE, scoring_model("pinned", image="own:7"))
         for name in (*MODELS, "pinned"):
-            await cluster.wait_for(lambda n=name: cluster.get("deployments", NAMESPACE, n), what=name)  # type: ignore[misc]
+            await cluster.wait_for(lambda n=name: cluster.get("deployments", NAMESPACE, n), timeout=WAIT,  # type: ignore[misc]
+                                   what=name)
             await set_deployment_status(cluster, ready=1, model=name)
     assert [image_of(cluster, n) for n in MODELS] == [OLD] * 3
 
@@ -64,24 +68,25 @@ async def test_a_new_default_image_rolls_one_model_at_a_time(cluster: Cluster) -
             assert "pendingWorkerImage" not in status_of(cluster, moving)
             await set_deployment_status(cluster, ready=1, model=moving)  # its new pods are ready: the slot frees
         await cluster.wait_for(lambda: not any(status_of(cluster, n).get("pendingWorkerImage") for n in MODELS),
-                               what="nothing pending")
+                               timeout=WAIT, what="nothing pending")
         assert image_of(cluster, "pinned") == "own:7"  # its own spec.image: untouched by the default
 
 
 @pytest.mark.asyncio
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(400)
 async def test_a_model_whose_upgrade_never_becomes_ready_stops_the_wave(cluster: Cluster) -> None:
     async with running_operator(cluster, env={"SCOREKEEPER_WORKER_IMAGE": OLD}):
         for name in MODELS:
             await cluster.create("scoringmodels", NAMESPACE, scoring_model(name))
-            await cluster.wait_for(lambda n=name: cluster.get("deployments", NAMESPACE, n), what=name)  # type: ignore[misc]
+            await cluster.wait_for(lambda n=name: cluster.get("deployments", NAMESPACE, n), timeout=WAIT,  # type: ignore[misc]
+                                   what=name)
             await set_deployment_status(cluster, ready=1, model=name)
     async with running_operator(cluster, env={"SCOREKEEPER_WORKER_IMAGE": NEW,
                                               "SCOREKEEPER_MAX_CONCURRENT_UPGRADES": "2"}):
         await settled(cluster, on_new=2)
         for name in upgrading(cluster):  # the broken image: new pods never get ready
             await set_deployment_status(cluster, ready=0, model=name)
-        await quiet(cluster)
+        await quiet(cluster, timeout=WAIT)
         assert len(upgrading(cluster)) == 2 and sum(image_of(cluster, n) == OLD for n in MODELS) == 1
 
 
