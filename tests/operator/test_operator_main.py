@@ -71,11 +71,11 @@ async def test_console_script_runs_kopf_with_liveness_and_metrics_endpoints(clus
         await cluster.create("scoringmodels", NAMESPACE, scoring_model())
         await cluster.wait_for(lambda: cluster.get("deployments", NAMESPACE, "reranker"), what="deployment")
         await cluster.create("scoringmodels", NAMESPACE, scoring_model("broken", extraArgs=["--served", "x"]))
-        samples = await _scrape_until(metrics_port, lambda s: s.get(("scorekeeper_operator_config_errors_total",
-                                                                     (("reason", "InvalidSpec"),)), 0) >= 1)
-        assert samples["scorekeeper_operator_reconciles_total", (("result", "ok"),)] >= 1
-        assert samples["scorekeeper_operator_reconciles_total", (("result", "config_error"),)] >= 1
-        assert samples["scorekeeper_operator_reconcile_duration_seconds_count", ()] >= 2
+        expected = {("scorekeeper_operator_reconciles_total", (("result", "ok"),)): 1,
+                    ("scorekeeper_operator_reconciles_total", (("result", "config_error"),)): 1,
+                    ("scorekeeper_operator_config_errors_total", (("reason", "InvalidSpec"),)): 1,
+                    ("scorekeeper_operator_reconcile_duration_seconds_count", ()): 2}
+        samples = await _scrape_until(metrics_port, lambda s: all(s.get(k, 0) >= v for k, v in expected.items()))
         assert ("process_resident_memory_bytes", ()) in samples  # the default collectors
     finally:
         process.terminate()
