@@ -29,15 +29,23 @@ RESERVED_FLAGS: tuple[str, ...] = (
 )
 
 
-def model_path(uri: str) -> str:
-    """Where the worker finds the weights: pvc://claim/sub → /models/sub, hf://org/name → /models/org/name
-    (downloaded there by the init container), file:///path → /path."""
+def hf_snapshot_dir(repo: str, commit: str) -> str:
+    """Where the init container puts one commit of a repository (in the cache PVC or the download emptyDir)."""
+    return f"{MODEL_MOUNT}/{repo}/{commit}"
+
+
+def model_path(uri: str, commit: str | None = None) -> str:
+    """Where the worker finds the weights: pvc://claim/sub → /models/sub, hf://org/name → /models/org/name/COMMIT
+    (downloaded there by the init container; hf://org/name/f.gguf → that file inside it), file:///path → /path."""
     scheme, rest = uri.split("://", 1)
     if scheme == "pvc":
         _claim, _, sub = rest.partition("/")
         return f"{MODEL_MOUNT}/{sub}".rstrip("/") if sub else MODEL_MOUNT
     if scheme == "hf":
-        return f"{MODEL_MOUNT}/{rest}"
+        if commit is None:
+            raise ValueError(f"{uri}: the revision is not resolved to a commit yet")
+        org, name, *file = rest.split("/", 2)
+        return "/".join([hf_snapshot_dir(f"{org}/{name}", commit), *file])
     return rest  # file:///path → "/path"
 
 
@@ -46,7 +54,7 @@ def worker_config(model: ScoringModel) -> dict[str, Any]:
     spec = model.spec
     mis = spec.scoring.multi_item
     config: dict[str, Any] = {
-        "model": model_path(spec.model.uri),
+        "model": model_path(spec.model.uri, model.hf_commit),
         "served_name": model.served_name,
         "dtype": spec.model.dtype.value,
         "device": "cuda" if spec.uses_gpu else "cpu",

@@ -14,6 +14,13 @@ METRICS_PORT = 9090
 QUEUE_METRIC = "scorekeeper_queue_depth"
 
 
+def scaling_behavior() -> dict[str, Any]:
+    """Scale up at once (queues grow fast); scale down slowly, since a new pod pays a full model load (HPA, KEDA)."""
+    return {"scaleUp": {"stabilizationWindowSeconds": 0},
+            "scaleDown": {"stabilizationWindowSeconds": 300,
+                          "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}]}}
+
+
 def configmap(model: ScoringModel, meta: dict[str, Any]) -> dict[str, Any]:
     config = yaml.safe_dump(flags.worker_config(model), sort_keys=True)
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {flags.CONFIG_FILE: config}}
@@ -53,12 +60,7 @@ def horizontal_pod_autoscaler(model: ScoringModel, meta: dict[str, Any]) -> dict
                 "pods": {"metric": {"name": QUEUE_METRIC},
                          "target": {"type": "AverageValue", "averageValue": str(scaling.target)}},
             }],
-            # Scale up at once (queues grow fast); scale down slowly, since a new pod pays a full model load.
-            "behavior": {
-                "scaleUp": {"stabilizationWindowSeconds": 0},
-                "scaleDown": {"stabilizationWindowSeconds": 300,
-                              "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}]},
-            },
+            "behavior": scaling_behavior(),
         },
     }
 

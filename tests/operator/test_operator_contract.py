@@ -26,9 +26,10 @@ SPECS: dict[str, dict[str, Any]] = {
         "resources": {"gpu": {"count": 1}}, "rollout": {"drainSeconds": 12}},
     "cpu-mis-without-delimiter": {"model": {"uri": "file:///opt/m", "dtype": "float32"},
                                   "scoring": {"multiItem": {"enabled": True}}, "cudaGraph": {"enabled": False}},
-    "gpu-graphs-off-extra-args": {"resources": {"gpu": {"count": 2}}, "cudaGraph": {"enabled": False},
+    "gpu-graphs-off-extra-args": {"resources": {"gpu": {"count": 1}}, "cudaGraph": {"enabled": False},
                                   "extraArgs": ["--attention-backend", "sdpa", "--log-level=debug"]},
-    "hf": {"model": {"uri": "hf://org/name"}},
+    "hf": {"model": {"uri": "hf://org/name", "revision": "0123456789abcdef0123456789abcdef01234567"}},
+    "hf-gguf": {"model": {"uri": "hf://org/name-GGUF/m.Q4_K_M.gguf", "revision": "a" * 40}},
 }
 
 
@@ -71,7 +72,7 @@ def test_rendered_args_parse_to_the_intended_config(name: str, tmp_path: Path) -
     config = parse_config(with_config_file(args, config_text, tmp_path), environ={})
     spec = model.spec
     mis = spec.scoring.multi_item
-    assert str(config.model) == flags.model_path(spec.model.uri)
+    assert str(config.model) == flags.model_path(spec.model.uri, model.hf_commit)
     assert config.served_name == model.served_name
     assert config.dtype.value == spec.model.dtype.value
     assert config.device.value == ("cuda" if spec.resources.gpu.count else "cpu")
