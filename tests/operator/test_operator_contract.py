@@ -29,6 +29,8 @@ SPECS: dict[str, dict[str, Any]] = {
     "gpu-graphs-off-extra-args": {"resources": {"gpu": {"count": 2}}, "cudaGraph": {"enabled": False},
                                   "extraArgs": ["--attention-backend", "sdpa", "--log-level=debug"]},
     "hf": {"model": {"uri": "hf://org/name"}},
+    "gpu-without-bfloat16": {"model": {"uri": "pvc://models/qwen3", "dtype": "float16"},
+                             "resources": {"gpu": {"count": 1}}},
 }
 
 
