@@ -15,12 +15,14 @@ import numpy as np
 import pytest
 import reference
 from safetensors.torch import load_file, save_file
-from scorekeeper_worker.config import DType
+from scorekeeper_worker.config import DType, WorkerConfig
 from scorekeeper_worker.executor import Executor
 from scorekeeper_worker.jobs import ScoreJob
 from scorekeeper_worker.loader import ModelKind, load_model
+from scorekeeper_worker.metrics import WorkerMetrics
 from scorekeeper_worker.planning import plan, tokenize
 from scorekeeper_worker.schemas import ScoreRequest
+from scorekeeper_worker.service import ScoringService
 from scorekeeper_worker.support import UnsupportedModel, supported_architectures
 from tiny_models import ALL_TINY_MODELS, SPECS, TinyModel
 
@@ -176,3 +178,10 @@ def test_heads_are_the_models_own_modules(tiny_model: Callable[[str], Path]) -> 
         model = load_model(tiny_model(name), DType.FLOAT32, "cpu", "t")
         own = {id(module) for module in model.model.modules()}
         assert model.head and all(id(module) in own for module, _ in model.pre_head + model.head), name
+
+
+def test_cuda_graphs_are_refused_for_padded_architectures(tiny_model: Callable[[str], Path]) -> None:
+    """DeBERTa-v2 runs its own attention on padded blocks, which the graph buckets (packed layouts) cannot hold."""
+    service = ScoringService(WorkerConfig(model=tiny_model("deberta-v2-cross"), cuda_graph=True), WorkerMetrics())
+    with pytest.raises(ValueError, match="--cuda-graph: deberta-v2 runs its own attention on padded batches"):
+        service.load()

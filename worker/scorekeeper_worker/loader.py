@@ -40,7 +40,7 @@ from scorekeeper_worker.support import (
     resolve,
 )
 
-__all__ = ["ModelKind", "Pooling", "ScoringModel", "load_model"]
+__all__ = ["HeadModules", "ModelKind", "Pooling", "ScoringModel", "load_model"]
 log = logging.getLogger(__name__)
 
 _AUTO_CLASS = {ModelKind.CAUSAL_LM: AutoModelForCausalLM, ModelKind.EMBEDDING: AutoModel,
@@ -71,7 +71,7 @@ class ScoringModel:
     position_start: int
     uses_token_types: bool
     pooling: Pooling
-    specials: SpecialTokens
+    specials: SpecialTokens  # decoders: where the tokenizer puts its specials around one sequence
     support: ArchitectureSupport
     pre_head: HeadModules = ()
     head: HeadModules = ()
@@ -197,7 +197,8 @@ def load_model(path: Path, dtype: DType, device: str, name: str) -> ScoringModel
         position_start=offset,
         uses_token_types=getattr(config, "type_vocab_size", 0) > 1,
         pooling=pooling,
-        specials=special_tokens(tokenizer),
+        # Decoders join query and item themselves; encoders use the tokenizer's own single and pair encodings.
+        specials=special_tokens(tokenizer) if arch.decoder else SpecialTokens([], []),
         support=arch,
         pre_head=_modules(model, kind.pre_head),
         head=_modules(model, kind.head),
