@@ -135,7 +135,9 @@ def serve_parser() -> argparse.ArgumentParser:
 
 def _field_default(name: str) -> Any:
     field = WorkerConfig.model_fields[name]
-    return PydanticUndefined if field.is_required() else field.default
+    if field.is_required():
+        return PydanticUndefined
+    return str(field.default) if isinstance(field.default, Path) else field.default
 
 
 def _default_text(name: str) -> str:

@@ -32,10 +32,12 @@ class RunningServer:
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 120
+        # Loading (a GGUF conversion), capture and the start-up self-check take seconds alone and minutes on a shared,
+        # overloaded machine; failing loads end the wait at once (service.failed).
+        deadline = time.monotonic() + 400
         while time.monotonic() < deadline and self.thread.is_alive():
             if self.app.state.service.failed:
-                raise RuntimeError(f"model failed to load: {config}")
+                raise RuntimeError(f"model failed to load ({config}): {self.app.state.service.failure}")
             try:
                 if httpx.get(self.url + "/ready", timeout=5).status_code == 200:
                     return

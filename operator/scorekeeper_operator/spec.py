@@ -37,6 +37,7 @@ class DType(StrEnum):
     AUTO = "auto"
     FLOAT32 = "float32"
     BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"  # GPUs without bfloat16 (T4, V100)
 
 
 class RolloutStrategy(StrEnum):

@@ -30,6 +30,8 @@ SPECS: dict[str, dict[str, Any]] = {
                                   "extraArgs": ["--attention-backend", "sdpa", "--log-level=debug"]},
     "hf": {"model": {"uri": "hf://org/name", "revision": "0123456789abcdef0123456789abcdef01234567"}},
     "hf-gguf": {"model": {"uri": "hf://org/name-GGUF/m.Q4_K_M.gguf", "revision": "a" * 40}},
+    "gpu-without-bfloat16": {"model": {"uri": "pvc://models/qwen3", "dtype": "float16"},
+                             "resources": {"gpu": {"count": 1}}},
 }
 
 

@@ -41,7 +41,7 @@ def test_delimiter_implies_multi_item_scoring() -> None:
 @pytest.mark.parametrize("args", [
     ["--cuda-graph-token-buckets", "512,256"],
     ["--cuda-graph-token-buckets", "256,99999"],
-    ["--dtype", "float16"],
+    ["--dtype", "float64"],
     ["--port", "0"],
 ])
 def test_invalid_settings_are_refused(args: list[str]) -> None:

@@ -114,8 +114,8 @@ def token_allowed(tokens: TokenLayout, q: torch.Tensor, kv: torch.Tensor, causal
     if causal:
         same = same & (kv <= q)
     allowed = same | ((tokens.context[q] == segment[kv]) & (tokens.offset[kv] < tokens.prefix[q]))
-    if window is not None:
-        allowed = allowed & (tokens.positions[q] - tokens.positions[kv] < window)
+    if window is not None:  # symmetric: causal rules already drop later keys
+        allowed = allowed & ((tokens.positions[q] - tokens.positions[kv]).abs() < window)
     return allowed
 
 
@@ -127,8 +127,8 @@ def _allowed(q_pos: torch.Tensor, k_pos: torch.Tensor, k_valid: torch.Tensor, ca
     distance = q_pos[:, :, None] - k_pos[:, None, :]
     if causal:
         allowed = allowed & (distance >= 0)
-    if window is not None:
-        allowed = allowed & (distance < window)
+    if window is not None:  # |distance|: encoders' local windows are symmetric (ModernBERT)
+        allowed = allowed & (distance.abs() < window)
     return allowed
 
 

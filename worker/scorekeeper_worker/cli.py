@@ -42,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="YAML/JSON file whose keys are flag names (e.g. max_batch_tokens: 4096)")
     add("--model", "local Hugging Face model directory or .gguf file (required)", type=Path)
     add("--served-name", "model name reported by /v1/models (clients may send any name)")
-    add("--dtype", "weights and activations dtype", choices=[d.value for d in DType])
+    add("--dtype", "weights and activations dtype; auto: the checkpoint's dtype where the device runs it fast "
+        "(float32 on CPUs without bfloat16 instructions, float16 on GPUs without bfloat16)",
+        choices=[d.value for d in DType])
     add("--device", "where the model runs", choices=[d.value for d in Device])
     add("--host", "listen address")
     add("--port", "listen port", type=int)
@@ -63,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--cuda-graph-max-seqs", "sequence slots captured per bucket", type=int)
     add("--attention-backend", "attention implementation", choices=[a.value for a in AttentionBackendName])
     add("--drain-timeout-seconds", "on SIGTERM, how long in-flight requests may take to finish", type=float)
+    add("--self-check", "at start-up, score a fixed probe set through the engine and through plain transformers "
+        "and refuse to start if they differ beyond the dtype's tolerance", action=argparse.BooleanOptionalAction)
+    add("--termination-log", "file that gets a one-paragraph reason when the model fails to load or the self-check "
+        "fails (Kubernetes terminationMessagePath)", type=Path)
     add("--log-level", "logging level", choices=["debug", "info", "warning", "error"])
     return parser
 

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 class DType(StrEnum):
     FLOAT32 = "float32"
     BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
     AUTO = "auto"
 
 
@@ -55,6 +56,8 @@ class WorkerConfig(BaseModel):
     cuda_graph_max_seqs: int = Field(256, ge=1)
     attention_backend: AttentionBackendName = AttentionBackendName.AUTO
     drain_timeout_seconds: float = Field(30.0, ge=0)
+    self_check: bool = True
+    termination_log: Path = Path("/dev/termination-log")
     log_level: str = "info"
 
     @field_validator("cuda_graph_token_buckets", mode="before")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -31,7 +32,8 @@ from scorekeeper_worker.schemas import (
     ScoreRequest,
     ScoreResponse,
 )
-from scorekeeper_worker.service import NotReady, ScoringService
+from scorekeeper_worker.service import NonFiniteScore, NotReady, ScoringService
+from scorekeeper_worker.termination import EXIT_LOAD_FAILED, failure_reason, write_termination_message
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_SECONDS = "1"
@@ -62,9 +64,13 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
         def load() -> None:
             try:
                 service.load()
-            except Exception:  # keep /health alive but never ready; the log says why
+            except Exception as error:  # never ready; `run` writes the reason and exits non-zero
+                service.failure = failure_reason(config.model, error)
                 service.failed = True
                 log.exception("model failed to load")
+                on_failure: Callable[[str], None] | None = getattr(app.state, "on_load_failure", None)
+                if on_failure is not None:
+                    on_failure(service.failure)
 
         loader = threading.Thread(target=load, name="scorekeeper-load", daemon=True)
         loader.start()
@@ -125,6 +131,11 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
         metrics.rejected.labels("queue_full").inc()
         return _error(429, "TooManyRequests", f"server busy: {error}", {"Retry-After": RETRY_AFTER_SECONDS})
 
+    @app.exception_handler(NonFiniteScore)
+    async def on_non_finite(_: Request, error: NonFiniteScore) -> JSONResponse:
+        log.error("%s", error)
+        return _error(500, "InternalServerError", str(error))
+
     @app.exception_handler(NotReady)
     async def on_not_ready(_: Request, error: NotReady) -> JSONResponse:
         return _error(503, "ServiceUnavailable", str(error), {"Retry-After": RETRY_AFTER_SECONDS})
@@ -149,14 +160,16 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
         return ModelList(data=cards)
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "alive"}
+    async def health() -> JSONResponse:
+        if service.failed:  # the process is about to exit; a liveness probe must not keep it around either
+            return JSONResponse({"status": "failed", "reason": service.failure}, status_code=503)
+        return JSONResponse({"status": "alive"})
 
     @app.get("/ready")
     async def ready() -> JSONResponse:
         if service.ready:
             return JSONResponse({"status": "ready"})
-        return JSONResponse({"status": "loading"}, status_code=503)
+        return JSONResponse({"status": "failed" if service.failed else "loading"}, status_code=503)
 
     @app.get("/metrics")
     async def metrics_route() -> Response:
@@ -167,6 +180,19 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
 
 
 def run(config: WorkerConfig) -> None:
+    """Serve until stopped; a model that fails to load (or fails the self-check) writes its reason to the
+    termination-message file, stops the server and exits with EXIT_LOAD_FAILED."""
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=config.log_level,
-                timeout_graceful_shutdown=max(1, math.ceil(config.drain_timeout_seconds)))
+    app = create_app(config)
+    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
+                                           timeout_graceful_shutdown=max(1, math.ceil(config.drain_timeout_seconds))))
+
+    def on_load_failure(reason: str) -> None:
+        write_termination_message(config.termination_log, reason)
+        server.should_exit = True
+
+    app.state.on_load_failure = on_load_failure
+    server.run()
+    if app.state.service.failed:
+        log.error("exiting with status %d: %s", EXIT_LOAD_FAILED, app.state.service.failure)
+        sys.exit(EXIT_LOAD_FAILED)
