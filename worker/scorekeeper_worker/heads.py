@@ -30,13 +30,19 @@ def classifier_logits(model: ScoringModel, features: torch.Tensor) -> torch.Tens
     return head(features[:, None, :]).float()
 
 
+def _softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    # Subtract the maximum before dividing: a tiny temperature then tends to the arg-max one-hot instead of inf - inf.
+    shifted = logits.double() - logits.double().amax(dim=-1, keepdim=True)
+    return torch.softmax(shifted / temperature, dim=-1)
+
+
 def classifier_scores(logits: torch.Tensor, apply_softmax: bool, temperature: float) -> torch.Tensor:
     """Raw logits, or probabilities over classes; a single-logit model gets sigmoid (not SGLang's constant 1.0)."""
     if not apply_softmax:
         return logits
     if logits.shape[-1] == 1:
         return torch.sigmoid(logits / temperature)
-    return torch.softmax(logits / temperature, dim=-1)
+    return _softmax(logits, temperature)
 
 
 def _softcap(model: ScoringModel, logits: torch.Tensor) -> torch.Tensor:
@@ -55,7 +61,7 @@ def causal_lm_scores(model: ScoringModel, rows: torch.Tensor, labels: torch.Tens
         label_logits = label_logits + head.bias[labels].float()
     label_logits = _softcap(model, label_logits)
     if apply_softmax:
-        return torch.softmax(label_logits / temperature, dim=-1)
+        return _softmax(label_logits, temperature)
     normaliser = torch.logsumexp(_softcap(model, head(rows).float()), dim=-1, keepdim=True)
     return torch.exp(label_logits - normaliser)
 
