@@ -62,6 +62,8 @@ SAMPLES: dict[str, Any] = {
     "extraArgs": ["--attention-backend", "sdpa"],
     "monitoring.interval": "15s",
     "monitoring.labels": {"release": "prometheus"},
+    "auth.apiKeySecretRef.name": "scorer-keys",
+    "auth.apiKeySecretRef.key": "api-keys",
 }
 # Fields that are only valid together with another one (the CRD's CEL rules); set in both renders of the comparison.
 PREREQUISITES: dict[str, dict[str, Any]] = {
@@ -69,6 +71,7 @@ PREREQUISITES: dict[str, dict[str, Any]] = {
     "model.tokenSecretRef.name": {"model.uri": "hf://org/name"},
     "model.tokenSecretRef.key": {"model.uri": "hf://org/name", "model.tokenSecretRef.name": "hf-token"},
     "scoring.multiItem.delimiterTokenId": {"scoring.multiItem.enabled": True},
+    "auth.apiKeySecretRef.key": {"auth.apiKeySecretRef.name": "scorer-keys"},
 }
 
 

@@ -68,6 +68,22 @@ def _download_init_container(model: ScoringModel, image: str) -> dict[str, Any]:
             "securityContext": _container_security()}
 
 
+def _api_key_volumes(model: ScoringModel) -> list[dict[str, Any]]:
+    # The Secret's key becomes the file flags.API_KEY_PATH. A whole-directory mount (never subPath), so a rotated
+    # Secret reaches the running worker, which re-reads the file when it changes.
+    ref = model.spec.auth.api_key_secret_ref
+    if ref is None:
+        return []
+    items = [{"key": ref.key, "path": flags.API_KEY_FILE}]
+    return [{"name": "api-keys", "secret": {"secretName": ref.name, "items": items}}]
+
+
+def _api_key_mounts(model: ScoringModel) -> list[dict[str, Any]]:
+    if model.spec.auth.api_key_secret_ref is None:
+        return []
+    return [{"name": "api-keys", "mountPath": flags.API_KEY_DIR, "readOnly": True}]
+
+
 def _container_security() -> dict[str, Any]:
     return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
@@ -79,7 +95,8 @@ def _worker_container(model: ScoringModel, image: str, model_mounts: list[dict[s
         "image": image,
         "command": [flags.WORKER_COMMAND],
         "args": flags.worker_args(model),
-        "ports": [{"name": "http", "containerPort": flags.WORKER_PORT, "protocol": "TCP"}],
+        "ports": [{"name": "http", "containerPort": flags.WORKER_PORT, "protocol": "TCP"},
+                  {"name": "metrics", "containerPort": flags.METRICS_PORT, "protocol": "TCP"}],
         # The worker never downloads: weights come from the volume (or the init container).
         "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}, {"name": "TRANSFORMERS_OFFLINE", "value": "1"}],
         "resources": _resources(model),
@@ -92,6 +109,7 @@ def _worker_container(model: ScoringModel, image: str, model_mounts: list[dict[s
             {"name": "config", "mountPath": flags.CONFIG_DIR, "readOnly": True},
             {"name": "shm", "mountPath": "/dev/shm"},
             *model_mounts,
+            *_api_key_mounts(model),
         ],
         "securityContext": _container_security(),
     }
@@ -119,6 +137,7 @@ def pod_template(model: ScoringModel, settings: OperatorSettings, labels: dict[s
             {"name": "config", "configMap": {"name": model.name}},
             {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
             *volumes,
+            *_api_key_volumes(model),
         ],
     }
     if spec.model.scheme == "hf":

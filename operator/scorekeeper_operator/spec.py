@@ -48,6 +48,15 @@ class SecretKeyRef(Spec):
     key: str = Field("token", min_length=1, max_length=253)
 
 
+class ApiKeySecretRef(Spec):
+    name: str = Field(min_length=1, max_length=253)
+    key: str = Field("keys", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+
+
+class Auth(Spec):
+    api_key_secret_ref: ApiKeySecretRef | None = None  # mounted read-only; the worker gets --api-key-file
+
+
 class ModelSource(Spec):
     uri: str = Field(max_length=1024)
     revision: str | None = Field(None, max_length=128)
@@ -186,6 +195,7 @@ class ScoringModelSpec(Spec):
     image: str = Field("", max_length=512)
     extra_args: tuple[str, ...] = Field((), max_length=32)
     monitoring: Monitoring = Monitoring()
+    auth: Auth = Auth()
 
     @model_validator(mode="after")
     def _extra_args(self) -> Self:

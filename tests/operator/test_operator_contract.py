@@ -29,6 +29,7 @@ SPECS: dict[str, dict[str, Any]] = {
     "gpu-graphs-off-extra-args": {"resources": {"gpu": {"count": 2}}, "cudaGraph": {"enabled": False},
                                   "extraArgs": ["--attention-backend", "sdpa", "--log-level=debug"]},
     "hf": {"model": {"uri": "hf://org/name"}},
+    "api-keys": {"auth": {"apiKeySecretRef": {"name": "scorer-keys", "key": "keys"}}},
 }
 
 
@@ -89,6 +90,9 @@ def test_rendered_args_parse_to_the_intended_config(name: str, tmp_path: Path) -
     assert config.cuda_graph_max_tokens == spec.cuda_graph.max_tokens
     assert config.cuda_graph_max_seqs == spec.cuda_graph.max_sequences
     assert config.drain_timeout_seconds == spec.rollout.drain_seconds
+    assert config.host == "0.0.0.0"  # the worker's own default is loopback
+    assert config.metrics_port == flags.METRICS_PORT  # always: the Service's metrics port targets it
+    assert config.api_key_file == (None if spec.auth.api_key_secret_ref is None else Path(flags.API_KEY_PATH))
 
 
 @pytest.mark.parametrize("name", SPECS)
