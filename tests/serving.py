@@ -53,11 +53,11 @@ class RunningServer:
         self.thread.join(30)
 
 
-def wait_until_ready(url: str, process: subprocess.Popen[bytes], timeout: float = 120) -> None:
-    """Poll GET /ready of a worker subprocess until it answers 200 (fails at once if the process exits)."""
+def wait_until_ready(url: str, process: subprocess.Popen[bytes] | None = None, timeout: float = 120) -> None:
+    """Poll GET /ready until it answers 200 (fails at once if the worker's process exits)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if process.poll() is not None:
+        if process is not None and process.poll() is not None:
             raise RuntimeError(f"worker exited with {process.returncode} before becoming ready")
         try:
             if httpx.get(url + "/ready", timeout=2).status_code == 200:

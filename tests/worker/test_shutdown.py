@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-from serving import free_port
+from serving import free_port, wait_until_ready
 
 
 def test_sigterm_drains_in_flight_requests(tiny_model: Callable[[str], Path]) -> None:
@@ -60,7 +60,7 @@ def test_ready_turns_503_as_soon_as_draining_starts_while_in_flight_work_finishe
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
-        wait_for_ready(url)
+        wait_until_ready(url)
         scheduler = server.config.app.state.service.scheduler
         entered, release = threading.Event(), threading.Event()
         run_batch = scheduler.executor.run
@@ -94,14 +94,3 @@ def test_ready_turns_503_as_soon_as_draining_starts_while_in_flight_work_finishe
         server.should_exit = True
         thread.join(30)
 
-
-def wait_for_ready(url: str) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    raise TimeoutError(url)

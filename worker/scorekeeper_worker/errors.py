@@ -2,7 +2,7 @@
 has one shape").
 
 An error the server means to send is an `ApiError` subclass that carries its status, type and headers; raising it
-anywhere (a route, the service, a middleware, a pydantic validator for `BadRequest`) answers with it. `response_for`
+anywhere (a route, the service, a middleware, a pydantic validator for `BadRequest`) answers with it. `error_for`
 turns any exception into the response: `ApiError`s as declared, FastAPI's validation errors as 400, Starlette's own
 404/405 with the same shape, anything else as a 500. `ApiError` extends Starlette's `HTTPException` because FastAPI
 re-raises those untouched while it reads a body, so a limit hit mid-body keeps its 413.
@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
@@ -101,23 +100,20 @@ DESCRIPTIONS = {
 _HEADERS = {401: "WWW-Authenticate", 405: "Allow", 429: "Retry-After", 503: "Retry-After"}
 
 
-def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    body = ErrorResponse(message=message, type=TYPES.get(status, "HTTPError"), code=status)
-    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
-
-
-def response_for(error: Exception, method: str, path: str, request_id: str) -> JSONResponse:
-    """The one mapping from an exception to what the client sees."""
+def error_for(error: Exception, method: str, path: str, request_id: str) -> tuple[ErrorResponse, dict[str, str]]:
+    """The one mapping from an exception to what the client sees: the body and its headers."""
     if isinstance(error, RequestValidationError):
         error = BadRequest(validation_message(error.errors()))
     if isinstance(error, ApiError):
-        return JSONResponse(ErrorResponse(message=error.message, type=error.kind, code=error.status).model_dump(),
-                            status_code=error.status, headers=error.headers)
+        return ErrorResponse(message=error.message, type=error.kind, code=error.status), dict(error.headers or {})
     if isinstance(error, HTTPException):  # raised by Starlette's router
+        status = error.status_code
         messages = {404: f"no route {path}", 405: f"method {method} is not allowed on {path}"}
-        return error_response(error.status_code, messages.get(error.status_code, str(error.detail)), error.headers)
-    return error_response(500, f"internal error ({type(error).__name__}); the server log has the details under "
-                               f"request id {request_id}")
+        body = ErrorResponse(message=messages.get(status, str(error.detail)), type=TYPES.get(status, "HTTPError"),
+                             code=status)
+        return body, dict(error.headers or {})
+    message = f"internal error ({type(error).__name__}); the server log has the details under request id {request_id}"
+    return ErrorResponse(message=message, type=TYPES[500], code=500), {}
 
 
 def _where(loc: Sequence[int | str]) -> str:

@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scorekeeper_worker.drain import Drain
-from scorekeeper_worker.errors import response_for
+from scorekeeper_worker.errors import error_for
 from scorekeeper_worker.logs import REQUEST_ID
 from scorekeeper_worker.metrics import WorkerMetrics
 
@@ -38,24 +38,22 @@ def _request_id(scope: Scope) -> str:
 
 
 class ErrorReporter:
-    """Exception → response (errors.response_for), plus what the server records about it: the capacity-refusal
+    """Exception → response (errors.error_for), plus what the server records about it: the capacity-refusal
     counter and one log line (a 500 with its traceback)."""
 
     def __init__(self, metrics: WorkerMetrics) -> None:
         self.metrics = metrics
 
     def answer(self, error: Exception, method: str, path: str) -> JSONResponse:
-        response = response_for(error, method, path, REQUEST_ID.get())
-        status = response.status_code
+        body, headers = error_for(error, method, path, REQUEST_ID.get())
         reason = getattr(error, "reason", None)
         if reason is not None:
             self.metrics.rejected.labels(reason).inc()
-        if status == 500:
+        if body.code == 500:
             log.error("%s %s failed: %s: %s", method, path, type(error).__name__, error, exc_info=error)
-        else:
-            log.log(logging.WARNING if status >= 500 else logging.INFO, "%s %s → %d: %s", method, path, status,
-                    getattr(error, "detail", error))
-        return response
+        else:  # an answer the server meant to give (metrics count them; a probe during loading is one too)
+            log.info("%s %s → %d %s: %s", method, path, body.code, body.type, body.message)
+        return JSONResponse(body.model_dump(), status_code=body.code, headers=headers)
 
 
 class RequestContext:

@@ -2,7 +2,7 @@
 
 Layers, outermost first: RequestContext (request id, metrics, the error of last resort), ApiKeyAuth (with
 --api-key-file), BodyLimit (--max-request-bytes as bytes arrive), then FastAPI's exception handlers and routes.
-Every non-2xx answer goes through one mapping (errors.response_for) and has the same shape.
+Every non-2xx answer goes through one mapping (errors.error_for) and has the same shape.
 """
 
 from __future__ import annotations
@@ -56,13 +56,17 @@ REQUEST_ID_HEADER = {"x-request-id": {"description": "the request's id (the clie
 
 
 def _openapi(app: FastAPI, secured: bool) -> dict[str, Any]:
-    """FastAPI's document, plus what the ASGI layers add: the x-request-id header, and the bearer scheme on /v1."""
+    """FastAPI's document, less its 422 (validation errors are 400s here), plus what the ASGI layers add: the
+    x-request-id header, and the bearer scheme on /v1."""
     if app.openapi_schema is None:
         schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        for unused in ("HTTPValidationError", "ValidationError"):
+            schema["components"]["schemas"].pop(unused, None)
         if secured:
             schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         for path, operations in schema["paths"].items():
             for operation in operations.values():
+                operation["responses"].pop("422", None)
                 for response in operation["responses"].values():
                     response["headers"] = {**response.get("headers", {}), **REQUEST_ID_HEADER}
                 if secured and path.startswith(PROTECTED_PREFIX):
