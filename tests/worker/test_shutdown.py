@@ -20,7 +20,8 @@ def test_sigterm_drains_in_flight_requests(tiny_model: Callable[[str], Path]) ->
     url = f"http://127.0.0.1:{port}"
     process = subprocess.Popen(
         [sys.executable, "-m", "scorekeeper_worker.cli", "serve", "--model", str(tiny_model("qwen3-reward")),
-         "--host", "127.0.0.1", "--port", str(port), "--max-batch-tokens", "2048", "--log-level", "warning"],
+         "--host", "127.0.0.1", "--port", str(port), "--max-batch-tokens", "2048", "--log-level", "warning",
+         "--drain-timeout-seconds", "600"],  # the drain is under test, not its timeout: a loaded CI machine is slow
         env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
         deadline = time.monotonic() + 60

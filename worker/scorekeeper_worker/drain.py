@@ -8,6 +8,7 @@ drain timeout has passed): then the socket closes and the remaining connections 
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from types import FrameType
 
 import uvicorn
 
+log = logging.getLogger(__name__)
 
 @dataclass
 class Drain:
@@ -44,6 +46,7 @@ class DrainingServer(uvicorn.Server):
         self.drain = drain
         self.timeout = timeout
         self._signal: int | None = None
+        self._announced = False
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._signal is None:  # the first signal starts the drain
@@ -54,6 +57,10 @@ class DrainingServer(uvicorn.Server):
 
     async def on_tick(self, counter: int) -> bool:
         # uvicorn calls this every 0.1 s; its shutdown waits for open connections up to the rest of the budget.
+        if self._signal is not None and not self._announced:  # logged here, not in the signal handler
+            self._announced = True
+            log.info("draining: /ready answers 503; %d scoring request(s) in flight, up to %.0f s",
+                     self.drain.inflight, self.drain.remaining())
         if self._signal is not None and not self.should_exit and self.drain.finished():
             self.config.timeout_graceful_shutdown = max(1, math.ceil(self.drain.remaining()))
             super().handle_exit(self._signal, None)  # uvicorn re-raises it after shutdown: exit status as signalled

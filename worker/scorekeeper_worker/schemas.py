@@ -2,10 +2,10 @@
 
 Requests are validated strictly (score-api.md, "Every error has one shape"): `true` is not 1, `"1"` is not 1, `1.5`
 is not a token id (`1.0` is one, as JSON Schema reads it), non-finite numbers and integers beyond 2**53 are refused,
-and text must be valid Unicode (a lone
-surrogate, or invalid UTF-8 that the body parser kept as one, is a 400 naming the field). Unions are discriminated by
-the input's shape, so an error names one reading of the field (`items[1]`), not every reading pydantic tried; their
-tags are written `<...>` and left out of the field path in messages (errors.py).
+and text must be valid Unicode (a lone surrogate, or invalid UTF-8 that the body parser kept as one, is a 400 naming
+the field). Unions are discriminated by the input's shape, so an error names one reading of the field (`items[1]`),
+not every reading pydantic tried; their tags are written `<...>` and left out of the field path in messages
+(errors.py).
 """
 
 from __future__ import annotations
@@ -50,12 +50,22 @@ def _shape(value: Any) -> str | None:
     return None
 
 
+def _query_shape(value: Any) -> str | None:
+    shape = _shape(value)
+    return "<list>" if shape == "<lists>" else shape  # a list of lists is read as token ids, and refused as such
+
+
+def _label_shape(value: Any) -> str | None:
+    shape = _shape(value)
+    return None if shape == "<text>" else shape
+
+
 Text = Annotated[str, AfterValidator(_valid_text)]
 TokenId = Annotated[int, Field(ge=0, le=MAX_INT), BeforeValidator(_integral)]
 TokenIds = list[TokenId]
 Query = Annotated[
     Annotated[Text, Tag("<text>")] | Annotated[TokenIds, Tag("<list>")],
-    Discriminator(lambda v: "<list>" if _shape(v) == "<lists>" else _shape(v), custom_error_type="query_type",
+    Discriminator(_query_shape, custom_error_type="query_type",
                   custom_error_message="Input should be text or a list of token ids"),
 ]
 Items = Annotated[
@@ -66,7 +76,7 @@ Items = Annotated[
 ]
 LabelTokenIds = Annotated[
     Annotated[TokenIds, Tag("<list>")] | Annotated[list[TokenIds], Field(min_length=1), Tag("<lists>")],
-    Discriminator(lambda v: None if _shape(v) == "<text>" else _shape(v), custom_error_type="label_ids_type",
+    Discriminator(_label_shape, custom_error_type="label_ids_type",
                   custom_error_message="Input should be a list of token ids, or one such list per item"),
 ]
 Temperature = Annotated[float, Field(gt=0)]
