@@ -7,6 +7,7 @@ until the process exits, so metrics stay visible while the worker drains.
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -48,7 +49,10 @@ class MetricsServer:
             result: Iterable[bytes] = metrics(environ, start_response)
             return result
 
-        self.httpd = make_server(host, port, only_metrics, ThreadingWSGIServer, handler_class=_QuietHandler)
+        class Server(ThreadingWSGIServer):  # IPv4 or IPv6, as the host (--host) asks
+            address_family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+
+        self.httpd = make_server(host, port, only_metrics, Server, handler_class=_QuietHandler)
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="scorekeeper-metrics", daemon=True)
 
     def start(self) -> None:
