@@ -89,7 +89,6 @@ TYPES = {cls.status: cls.kind for cls in (BadRequest, Unauthorized, PayloadTooLa
 DESCRIPTIONS = {
     400: "Bad request: the message names the field at fault",
     401: "Missing or wrong API key (`Authorization: Bearer <key>`)",
-    404: "No such route",
     405: "Method not allowed on this route (see the Allow header)",
     413: "Request body over --max-request-bytes",
     429: "Queue full: retry after Retry-After seconds",
