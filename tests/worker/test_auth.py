@@ -115,7 +115,9 @@ def test_rotated_keys_apply_without_a_restart(server: RunningServer, volume: Sec
     assert post(server, "/v1/score", FIRST).status_code == 401
     assert post(server, "/v1/score", ROTATED).status_code == 200
     target = volume.path.resolve()
-    target.write_text(f"{ROTATED}\n{FIRST}\n")  # an edit in place (a plain file on disk)
+    # Edits in place (a plain file on disk). Each rewrite changes the size: file times can be as coarse as a clock
+    # tick, and the worker must notice the change on the very next request.
+    target.write_text(f"{ROTATED}\n{FIRST}\n")
     assert post(server, "/v1/score", FIRST).status_code == 200
     target.write_text("")  # every key revoked: nobody gets in
     assert post(server, "/v1/score", FIRST).status_code == 401
