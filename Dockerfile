@@ -72,6 +72,8 @@ ENV HOME=/home/scorekeeper
 VOLUME /models
 USER 10001:10001
 WORKDIR /home/scorekeeper
+# The worker binds 127.0.0.1 unless told otherwise; in a container it must listen on every interface.
+ENV SCOREKEEPER_HOST=0.0.0.0
 EXPOSE 8000
 # For `docker run`; Kubernetes ignores it and uses the probes the operator renders (/ready, /health).
 HEALTHCHECK --interval=30s --timeout=5s --start-period=300s --retries=3 \

@@ -80,6 +80,8 @@ SAMPLES: dict[str, Any] = {
                                        "whenUnsatisfiable": "ScheduleAnyway"}],
     "networkPolicy.from": [{"namespaceSelector": {"matchLabels": {"team": "search"}}}],
     "networkPolicy.monitoringNamespace": "observability",
+    "auth.apiKeySecretRef.name": "scorer-keys",
+    "auth.apiKeySecretRef.key": "api-keys",
 }
 # Fields that are only valid together with another one (the CRD's CEL rules); set in both renders of the comparison.
 _HF = {"model.uri": "hf://org/name", "model.revision": COMMIT}
@@ -94,6 +96,7 @@ PREREQUISITES: dict[str, dict[str, Any]] = {
     "autoscaling.prometheusAddress": _KEDA,
     "autoscaling.prometheusQuery": _KEDA,
     "pod.volumeMounts": {"pod.volumes": SAMPLES["pod.volumes"]},
+    "auth.apiKeySecretRef.key": {"auth.apiKeySecretRef.name": "scorer-keys"},
 }
 # Set together with the field itself (only in the changed render): values that field cannot go without.
 COMPANIONS: dict[str, dict[str, Any]] = {

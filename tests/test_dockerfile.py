@@ -244,6 +244,16 @@ def test_worker_entrypoint_volume_and_port() -> None:
     assert f"127.0.0.1:{flags.WORKER_PORT}/health" in healthcheck
 
 
+def test_worker_listens_on_every_interface_in_the_container() -> None:
+    """The worker's own default is loopback; `docker run -p` needs it to listen on 0.0.0.0 (the operator passes
+    --host 0.0.0.0 anyway)."""
+    from scorekeeper_worker.cli import parse_config
+
+    env = " ".join(STAGES["worker"].values("ENV"))
+    assert "SCOREKEEPER_HOST=0.0.0.0" in env.split()
+    assert parse_config(["serve", "--model", "/models"], {"SCOREKEEPER_HOST": "0.0.0.0"}).host == "0.0.0.0"
+
+
 def test_worker_has_python_on_path_for_the_download_init_container() -> None:
     """The operator's hf:// init container runs `python -c ...` in the worker image."""
     env = " ".join(STAGES["worker"].values("ENV"))

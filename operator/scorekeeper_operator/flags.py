@@ -13,6 +13,10 @@ if TYPE_CHECKING:  # spec.py imports RESERVED_FLAGS from here
 
 WORKER_COMMAND = "scorekeeper-worker"
 WORKER_PORT = 8000
+METRICS_PORT = 9090  # the worker's --metrics-port: /metrics alone, so scrapes need no API key
+API_KEY_DIR = "/etc/scorekeeper-auth"  # spec.auth.apiKeySecretRef, mounted read-only (a directory: updates propagate)
+API_KEY_FILE = "keys"
+API_KEY_PATH = f"{API_KEY_DIR}/{API_KEY_FILE}"
 MODEL_MOUNT = "/models"
 CONFIG_DIR = "/etc/scorekeeper"
 CONFIG_FILE = "worker.yaml"
@@ -25,7 +29,7 @@ RESERVED_FLAGS: tuple[str, ...] = (
     "--max-batch-tokens", "--max-queue-tokens", "--max-items-per-request", "--pooled-hidden-states",
     "--multi-item-scoring", "--no-multi-item-scoring", "--multi-item-scoring-delimiter",
     "--cuda-graph", "--no-cuda-graph", "--cuda-graph-token-buckets", "--cuda-graph-max-tokens",
-    "--cuda-graph-max-seqs", "--drain-timeout-seconds",
+    "--cuda-graph-max-seqs", "--drain-timeout-seconds", "--metrics-port", "--api-key-file",
 )
 
 
@@ -70,9 +74,12 @@ def worker_config(model: ScoringModel) -> dict[str, Any]:
         "cuda_graph_max_tokens": spec.cuda_graph.max_tokens,
         "cuda_graph_max_seqs": spec.cuda_graph.max_sequences,
         "drain_timeout_seconds": spec.rollout.drain_seconds,
+        "metrics_port": METRICS_PORT,
     }
     if mis.delimiter_token_id is not None:
         config["multi_item_scoring_delimiter"] = mis.delimiter_token_id
+    if spec.auth.api_key_secret_ref is not None:
+        config["api_key_file"] = API_KEY_PATH
     return config
 
 

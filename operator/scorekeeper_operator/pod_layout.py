@@ -6,7 +6,7 @@ spec.pod may add volumes, mounts, env and labels, but never one of the names bel
 
 from __future__ import annotations
 
-from scorekeeper_operator.flags import CONFIG_DIR, MODEL_MOUNT
+from scorekeeper_operator.flags import API_KEY_DIR, CONFIG_DIR, MODEL_MOUNT
 
 # The worker image's user (Dockerfile: useradd --uid 10001 --gid 10001); numeric so runAsNonRoot can verify it.
 WORKER_UID = 10001
@@ -43,8 +43,8 @@ RESERVED_ENV = frozenset([*WORKER_ENV, *DOWNLOAD_ENV_NAMES])
 WORKER_ENV_PREFIX = "SCOREKEEPER_"
 
 # Volumes and mount paths of the operator's own; spec.pod.volumes / volumeMounts may not reuse them.
-RESERVED_VOLUMES = frozenset({"config", "shm", "tmp", "cache", "model"})
-RESERVED_MOUNT_PATHS = (MODEL_MOUNT, CONFIG_DIR, TMP_DIR, CACHE_DIR, SHM_DIR)
+RESERVED_VOLUMES = frozenset({"config", "shm", "tmp", "cache", "model", "api-keys"})
+RESERVED_MOUNT_PATHS = (MODEL_MOUNT, CONFIG_DIR, TMP_DIR, CACHE_DIR, SHM_DIR, API_KEY_DIR)
 
 # Pod labels the operator sets (render.common_labels; a test keeps the two equal); the first two select the pods.
 RESERVED_LABELS = frozenset({"app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component",

@@ -9,7 +9,6 @@ import yaml
 from scorekeeper_operator import flags
 from scorekeeper_operator.spec import ScoringModel
 
-METRICS_PORT = 9090
 # Exposed by the worker as a gauge; the Prometheus adapter must serve it as a Pods metric for the HPA.
 QUEUE_METRIC = "scorekeeper_queue_depth"
 
@@ -27,7 +26,8 @@ def configmap(model: ScoringModel, meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def service(meta: dict[str, Any], selector: dict[str, str]) -> dict[str, Any]:
-    # Both ports reach the worker's single HTTP port; the named `metrics` port is what a ServiceMonitor selects.
+    # `metrics` reaches the worker's --metrics-port, which serves /metrics alone (no API key, nothing else exposed);
+    # it is the port a ServiceMonitor selects.
     return {
         "apiVersion": "v1", "kind": "Service", "metadata": meta,
         "spec": {
@@ -35,7 +35,7 @@ def service(meta: dict[str, Any], selector: dict[str, str]) -> dict[str, Any]:
             "selector": selector,
             "ports": [
                 {"name": "http", "port": flags.WORKER_PORT, "targetPort": "http", "protocol": "TCP"},
-                {"name": "metrics", "port": METRICS_PORT, "targetPort": "http", "protocol": "TCP"},
+                {"name": "metrics", "port": flags.METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
             ],
         },
     }

@@ -61,6 +61,22 @@ def _resources(model: ScoringModel, *, gpus: bool = True) -> dict[str, Any]:
     return {k: v for k, v in {"requests": requests, "limits": limits}.items() if v}
 
 
+def _api_key_volumes(model: ScoringModel) -> list[dict[str, Any]]:
+    # The Secret's key becomes the file flags.API_KEY_PATH. A whole-directory mount (never subPath), so a rotated
+    # Secret reaches the running worker, which re-reads the file when it changes.
+    ref = model.spec.auth.api_key_secret_ref
+    if ref is None:
+        return []
+    items = [{"key": ref.key, "path": flags.API_KEY_FILE}]
+    return [{"name": "api-keys", "secret": {"secretName": ref.name, "items": items}}]
+
+
+def _api_key_mounts(model: ScoringModel) -> list[dict[str, Any]]:
+    if model.spec.auth.api_key_secret_ref is None:
+        return []
+    return [{"name": "api-keys", "mountPath": flags.API_KEY_DIR, "readOnly": True}]
+
+
 def _container_security() -> dict[str, Any]:
     return {"allowPrivilegeEscalation": False, "privileged": False, "readOnlyRootFilesystem": True,
             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
@@ -87,7 +103,8 @@ def _worker_container(model: ScoringModel, image: str, model_mounts: list[dict[s
         "image": image,
         "command": [flags.WORKER_COMMAND],
         "args": flags.worker_args(model),
-        "ports": [{"name": "http", "containerPort": flags.WORKER_PORT, "protocol": "TCP"}],
+        "ports": [{"name": "http", "containerPort": flags.WORKER_PORT, "protocol": "TCP"},
+                  {"name": "metrics", "containerPort": flags.METRICS_PORT, "protocol": "TCP"}],
         "env": [*({"name": k, "value": v} for k, v in pod_layout.WORKER_ENV.items()), *user["env"]],
         "resources": _resources(model),
         # /ready turns true only once the model is loaded and warm; until then the startup probe holds off
@@ -102,6 +119,7 @@ def _worker_container(model: ScoringModel, image: str, model_mounts: list[dict[s
             {"name": "cache", "mountPath": pod_layout.CACHE_DIR},
             *model_mounts,
             *user["volumeMounts"],
+            *_api_key_mounts(model),
         ],
         "securityContext": _container_security(),
     }
@@ -164,6 +182,7 @@ def pod_template(model: ScoringModel, settings: OperatorSettings, labels: dict[s
             {"name": "cache", "emptyDir": {"sizeLimit": pod_layout.CACHE_SIZE_LIMIT}},
             *volumes,
             *_dump(knobs.volumes),
+            *_api_key_volumes(model),
         ],
         **_scheduling(model, selector),
     }

@@ -54,6 +54,15 @@ class ModelCache(Spec):
     claim_name: str = Field(min_length=1, max_length=253)
 
 
+class ApiKeySecretRef(Spec):
+    name: str = Field(min_length=1, max_length=253)
+    key: str = Field("keys", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+
+
+class Auth(Spec):
+    api_key_secret_ref: ApiKeySecretRef | None = None  # mounted read-only; the worker gets --api-key-file
+
+
 class ModelSource(Spec):
     uri: str = Field(max_length=1024)
     revision: str | None = Field(None, max_length=128)
@@ -246,6 +255,7 @@ class ScoringModelSpec(Spec):
     monitoring: Monitoring = Monitoring()
     pod: PodOptions = PodOptions()
     network_policy: NetworkPolicy = NetworkPolicy()
+    auth: Auth = Auth()
 
     @model_validator(mode="after")
     def _extra_args(self) -> Self:

@@ -32,6 +32,7 @@ SPECS: dict[str, dict[str, Any]] = {
     "hf-gguf": {"model": {"uri": "hf://org/name-GGUF/m.Q4_K_M.gguf", "revision": "a" * 40}},
     "gpu-without-bfloat16": {"model": {"uri": "pvc://models/qwen3", "dtype": "float16"},
                              "resources": {"gpu": {"count": 1}}},
+    "api-keys": {"auth": {"apiKeySecretRef": {"name": "scorer-keys", "key": "keys"}}},
 }
 
 
@@ -92,6 +93,9 @@ def test_rendered_args_parse_to_the_intended_config(name: str, tmp_path: Path) -
     assert config.cuda_graph_max_tokens == spec.cuda_graph.max_tokens
     assert config.cuda_graph_max_seqs == spec.cuda_graph.max_sequences
     assert config.drain_timeout_seconds == spec.rollout.drain_seconds
+    assert config.host == "0.0.0.0"  # the worker's own default is loopback
+    assert config.metrics_port == flags.METRICS_PORT  # always: the Service's metrics port targets it
+    assert config.api_key_file == (None if spec.auth.api_key_secret_ref is None else Path(flags.API_KEY_PATH))
 
 
 @pytest.mark.parametrize("name", SPECS)

@@ -116,10 +116,41 @@ def test_cpu_rolls_with_surge_and_service_exposes_http_and_metrics() -> None:
     kinds = by_kind(render(model_from({"replicas": 3}), SETTINGS, service_monitor_api=True))
     assert kinds["Deployment"]["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     ports = {p["name"]: p for p in kinds["Service"]["spec"]["ports"]}
-    assert set(ports) == {"http", "metrics"} and {p["targetPort"] for p in ports.values()} == {"http"}
+    # Each Service port reaches the container port of its name: the API, and /metrics alone (--metrics-port).
+    assert {name: p["targetPort"] for name, p in ports.items()} == {"http": "http", "metrics": "metrics"}
+    container = kinds["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": 8000, "metrics": 9090}
+    args = container["args"]
+    assert args[args.index("--metrics-port") + 1] == "9090" and ports["metrics"]["port"] == 9090
+    assert container["readinessProbe"]["httpGet"]["port"] == "http"  # probes stay on the API port, open
     assert kinds["Service"]["spec"]["selector"] == selector_labels("reranker")
-    assert kinds["ServiceMonitor"]["spec"]["endpoints"][0]["port"] == "metrics"
+    assert kinds["ServiceMonitor"]["spec"]["endpoints"][0] == {"port": "metrics", "path": "/metrics",
+                                                               "interval": "30s"}
     assert kinds["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 1
+
+
+@pytest.mark.parametrize("key", [None, "api-keys.txt"])
+def test_api_key_secret_is_mounted_read_only_and_passed_to_the_worker(key: str | None) -> None:
+    ref = {"name": "scorer-keys", **({"key": key} if key else {})}
+    rendered = render(model_from({"auth": {"apiKeySecretRef": ref}}), SETTINGS, service_monitor_api=True)
+    kinds = by_kind(rendered)
+    pod = kinds["Deployment"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = container["args"]
+    assert args[args.index("--api-key-file") + 1] == "/etc/scorekeeper-auth/keys"
+    assert "api_key_file: /etc/scorekeeper-auth/keys" in kinds["ConfigMap"]["data"]["worker.yaml"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "api-keys")
+    assert volume["secret"] == {"secretName": "scorer-keys", "items": [{"key": key or "keys", "path": "keys"}]}
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "api-keys")
+    assert mount == {"name": "api-keys", "mountPath": "/etc/scorekeeper-auth", "readOnly": True}  # no subPath
+    for manifest, version in itertools.product(rendered.manifests[:3], K8S_VERSIONS[::5]):
+        validate(manifest, version)
+    # A different Secret rolls the pods (it is part of the pod template); without auth nothing is mounted.
+    other = render(model_from({"auth": {"apiKeySecretRef": {"name": "other"}}}), SETTINGS, service_monitor_api=True)
+    assert other.config_hash != rendered.config_hash
+    plain = by_kind(render(model_from({}), SETTINGS, service_monitor_api=True))["Deployment"]
+    assert "--api-key-file" not in plain["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert all(v["name"] != "api-keys" for v in plain["spec"]["template"]["spec"]["volumes"])
 
 
 def test_hpa_scales_the_deployment_on_the_queue_metric() -> None:

@@ -144,7 +144,8 @@ def test_pod_knobs_cannot_undo_the_operators_settings(pod: dict[str, Any], messa
 def test_reserved_names_agree_with_the_renderer_and_the_crd() -> None:
     assert set(common_labels("x")) == pod_layout.RESERVED_LABELS
     pod = pod_spec(render_all(model_from({"model": {"uri": "hf://o/n", "revision": COMMIT,
-                                                    "tokenSecretRef": {"name": "t"}}})))
+                                                    "tokenSecretRef": {"name": "t"}},
+                                          "auth": {"apiKeySecretRef": {"name": "keys"}}})))
     assert {v["name"] for v in pod["volumes"]} == pod_layout.RESERVED_VOLUMES
     set_env = {e["name"] for c in [*pod["initContainers"], *pod["containers"]] for e in c["env"]}
     assert set_env <= pod_layout.RESERVED_ENV
@@ -168,19 +169,23 @@ def test_network_policy_defaults_to_the_namespace_and_the_monitoring_namespace()
     assert policy["spec"]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "scorekeeper-worker",
                                                              "app.kubernetes.io/instance": "reranker"}}
     assert policy["spec"]["policyTypes"] == ["Ingress"]  # egress stays open: the download needs the Hub
-    (rule,) = policy["spec"]["ingress"]  # one port serves scoring and metrics: both sources reach it
-    assert rule["from"] == [{"podSelector": {}}, {"namespaceSelector": {"matchLabels": {
-        "kubernetes.io/metadata.name": "monitoring"}}}]
-    assert rule["ports"] == [{"protocol": "TCP", "port": "http"}]
+    scoring, metrics = policy["spec"]["ingress"]  # the API port from this namespace, metrics from monitoring
+    assert scoring == {"from": [{"podSelector": {}}], "ports": [{"protocol": "TCP", "port": "http"}]}
+    assert metrics == {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+                       "ports": [{"protocol": "TCP", "port": "metrics"}]}
 
 
 def test_network_policy_follows_the_services_ports() -> None:
-    """Once metrics have their own container port, scoring and metrics get separate sources."""
+    """Scoring and metrics have their own container ports, so they get separate sources; a Service whose metrics
+    port shared the API port would get one rule with both sources."""
     model = model_from({"networkPolicy": {"enabled": True, "monitoringNamespace": "obs", "from": [
         {"namespaceSelector": {"matchLabels": {"team": "search"}}}, {"ipBlock": {"cidr": "10.0.0.0/8"}}]}})
     service = copy.deepcopy(render_all(model).get("Service"))
     assert service is not None
-    service["spec"]["ports"][1]["targetPort"] = "metrics"
+    shared = copy.deepcopy(service)
+    shared["spec"]["ports"][1]["targetPort"] = "http"
+    (rule,) = render_optional.network_policy(model, {"name": "reranker"}, {"a": "b"}, shared)["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": "http"}] and len(rule["from"]) == 3
     policy = render_optional.network_policy(model, {"name": "reranker"}, {"a": "b"}, service)
     scoring, metrics = policy["spec"]["ingress"]
     assert scoring == {"from": [{"namespaceSelector": {"matchLabels": {"team": "search"}}},

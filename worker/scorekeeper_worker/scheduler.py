@@ -11,16 +11,13 @@ import threading
 import time
 from collections import deque
 
+from scorekeeper_worker.errors import Overloaded
 from scorekeeper_worker.executor import BatchStats, Executor
 from scorekeeper_worker.jobs import ScoreJob
 from scorekeeper_worker.metrics import WorkerMetrics
 from scorekeeper_worker.packing import PackUnit
 
 log = logging.getLogger(__name__)
-
-
-class Overloaded(Exception):
-    """The queue is full; the client should retry later."""
 
 
 class Scheduler:

@@ -12,6 +12,7 @@ from scorekeeper_worker.attention import LayoutKind
 from scorekeeper_worker.attention_flex import resolve_backend
 from scorekeeper_worker.config import PooledHiddenStates, WorkerConfig
 from scorekeeper_worker.cuda_graphs import GraphRunner
+from scorekeeper_worker.errors import NonFiniteScore, NotReady
 from scorekeeper_worker.executor import Executor
 from scorekeeper_worker.jobs import ScoreJob
 from scorekeeper_worker.loader import ModelKind, ScoringModel, load_model
@@ -21,14 +22,6 @@ from scorekeeper_worker.scheduler import Scheduler
 from scorekeeper_worker.schemas import BadRequest, ScoreRequest, ScoreResponse, Usage
 
 log = logging.getLogger(__name__)
-
-
-class NotReady(Exception):
-    """The model is still loading or warming up."""
-
-
-class NonFiniteScore(RuntimeError):
-    """The model's output overflowed: an internal error (500), never a 200 with NaN or inf."""
 
 
 def _label_lists(model: ScoringModel, request: ScoreRequest, num_items: int) -> list[list[int]] | None:
