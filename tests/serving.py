@@ -6,9 +6,15 @@ import socket
 import subprocess
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import httpx
+
+if TYPE_CHECKING:
+    from scorekeeper_worker.jobs import ScoreJob
+    from scorekeeper_worker.packing import PackUnit
+    from scorekeeper_worker.scheduler import Scheduler
 
 
 def free_port() -> int:
@@ -50,6 +56,12 @@ class RunningServer:
     def score(self, **body: Any) -> httpx.Response:
         return httpx.post(self.url + "/v1/score", json=body, timeout=120)
 
+    @property
+    def scheduler(self) -> Scheduler:
+        scheduler = self.app.state.service.scheduler
+        assert scheduler is not None, "the model is not loaded"
+        return scheduler
+
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(30)
@@ -68,3 +80,48 @@ def wait_until_ready(url: str, process: subprocess.Popen[bytes] | None = None, t
             pass
         time.sleep(0.05)
     raise TimeoutError(f"{url} not ready after {timeout:.0f}s")
+
+
+def wait_until(what: str, check: Callable[[], bool], timeout: float = 60) -> None:
+    """Wait for a state (never for a duration): poll `check` until it holds; the timeout only bounds a broken run."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.01)
+
+
+class BatchGate:
+    """A scheduler observer for deterministic tests: records the composition of every batch (job, unit) and, when
+    armed, holds the model thread just before the next batch runs until released, so that a test can queue work
+    behind a running batch without relying on timing. Use as a context manager (it detaches itself on exit)."""
+
+    def __init__(self, scheduler: Scheduler, hold: bool = False) -> None:
+        self.scheduler = scheduler
+        self.batches: list[list[tuple[ScoreJob, PackUnit]]] = []
+        self._armed = hold
+        self._held = threading.Event()
+        self._released = threading.Event()
+
+    def __call__(self, batch: list[tuple[ScoreJob, PackUnit]]) -> None:
+        self.batches.append(batch)
+        if self._armed:
+            self._armed = False
+            self._held.set()
+            self._released.wait(120)
+
+    def wait_held(self, timeout: float = 60) -> None:
+        if not self._held.wait(timeout):
+            raise TimeoutError("the model thread never reached the gate")
+
+    def release(self) -> None:
+        self._released.set()
+
+    def __enter__(self) -> BatchGate:
+        assert self.scheduler.observer is None, "another gate is attached"
+        self.scheduler.observer = self
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.release()
+        self.scheduler.observer = None

@@ -26,7 +26,8 @@ CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
 # spec.extraArgs may not set them; the CRD's CEL rule on extraArgs lists the same flags (a test keeps them equal).
 RESERVED_FLAGS: tuple[str, ...] = (
     "--config", "--model", "--served-name", "--dtype", "--device", "--host", "--port",
-    "--max-batch-tokens", "--max-queue-tokens", "--max-items-per-request", "--pooled-hidden-states",
+    "--max-batch-tokens", "--max-queue-tokens", "--max-request-tokens", "--request-timeout-seconds",
+    "--max-items-per-request", "--pooled-hidden-states",
     "--multi-item-scoring", "--no-multi-item-scoring", "--multi-item-scoring-delimiter",
     "--cuda-graph", "--no-cuda-graph", "--cuda-graph-token-buckets", "--cuda-graph-max-tokens",
     "--cuda-graph-max-seqs", "--drain-timeout-seconds", "--metrics-port", "--api-key-file",
@@ -66,6 +67,7 @@ def worker_config(model: ScoringModel) -> dict[str, Any]:
         "port": WORKER_PORT,
         "max_batch_tokens": spec.scoring.max_batch_tokens,
         "max_queue_tokens": spec.scoring.max_queue_tokens,
+        "max_request_tokens": spec.scoring.max_request_tokens,
         "max_items_per_request": mis.max_items_per_request,
         "pooled_hidden_states": spec.scoring.return_pooled_hidden_states.value,
         "multi_item_scoring": mis.enabled,
@@ -80,6 +82,8 @@ def worker_config(model: ScoringModel) -> dict[str, Any]:
         config["multi_item_scoring_delimiter"] = mis.delimiter_token_id
     if spec.auth.api_key_secret_ref is not None:
         config["api_key_file"] = API_KEY_PATH
+    if spec.scoring.request_timeout_seconds is not None:
+        config["request_timeout_seconds"] = spec.scoring.request_timeout_seconds
     return config
 
 

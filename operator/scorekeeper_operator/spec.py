@@ -141,6 +141,8 @@ class Scoring(Spec):
     multi_item: MultiItem = MultiItem()
     max_batch_tokens: int = Field(8192, ge=16, le=16_777_216)
     max_queue_tokens: int = Field(262144, ge=16, le=1_073_741_824)
+    max_request_tokens: int = Field(65536, ge=16, le=1_073_741_824)
+    request_timeout_seconds: int | None = Field(None, ge=1, le=86400)
     return_pooled_hidden_states: PooledHiddenStates = PooledHiddenStates.ALLOWED
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -48,12 +47,14 @@ from obs_harness import (
     value,
     wait_for,
 )
+from serving import BatchGate
 
 pytestmark = pytest.mark.slow
 
 NAMESPACE = "obs-test"
 FLOAT32_BYTES = 4
 ALL = {"namespace": ".*", "job": ".*", "instance": ".*"}  # Grafana's "All" (the variables' allValue)
+OVERFLOW_REJECTIONS = 3
 
 
 @dataclass
@@ -169,27 +170,20 @@ def _phase_b(worker: WorkerThread) -> Sent:
 
 
 def _overflow(worker: WorkerThread) -> int:
-    """One large request queues 60 one-unit batches (batch budget 16 tokens); small requests sent meanwhile find the
-    queue over its 16-token limit and get 429. Returns how many 429s came back (counted exactly by the test)."""
-    result: dict[str, int] = {}
-
-    def large() -> None:
-        body = {"query": "a query about rivers", "items": [f"a long item number {i}" for i in range(60)]}
-        result["status"] = httpx.post(worker.url + "/v1/score", json=body, timeout=120).status_code
-
-    thread = threading.Thread(target=large)
-    thread.start()
-    rejected = 0
-    while thread.is_alive():
-        response = httpx.post(worker.url + "/v1/score", json={"query": "q", "items": ["x"]}, timeout=60)
-        assert response.status_code in (200, 429), response.text
-        if response.status_code == 429:
+    """One large request (60 one-unit batches: batch budget 16 tokens) is admitted into the empty queue and its first
+    batch is held (a scheduler observer), so the rest of it stays queued: small requests sent then find the queue over
+    its 16-token limit and get 429, whatever the machine's load. Returns how many 429s came back."""
+    body = {"query": "a query about rivers", "items": [f"a long item number {i}" for i in range(60)]}
+    with BatchGate(worker.app.state.service.scheduler, hold=True) as gate, ThreadPoolExecutor(1) as pool:
+        large = pool.submit(httpx.post, worker.url + "/v1/score", json=body, timeout=120)
+        gate.wait_held()
+        for _ in range(OVERFLOW_REJECTIONS):
+            response = httpx.post(worker.url + "/v1/score", json={"query": "q", "items": ["x"]}, timeout=60)
+            assert response.status_code == 429, response.text
             assert response.headers["retry-after"] == "1"
-            rejected += 1
-        time.sleep(0.02)
-    thread.join()
-    assert result["status"] == 200
-    return rejected
+        gate.release()
+        assert large.result().status_code == 200
+    return OVERFLOW_REJECTIONS
 
 
 @pytest.fixture(scope="module")
@@ -359,7 +353,7 @@ def test_sequential_requests_give_exact_batch_counters(observed: Observed) -> No
 
 def test_rejections_are_counted_exactly(observed: Observed) -> None:
     before, after = observed.limits_before, observed.limits_after
-    assert observed.rejected_429 >= 1, "the large request should have filled the 16-token queue"
+    assert observed.rejected_429 == OVERFLOW_REJECTIONS
     assert _delta(after, before, "scorekeeper_rejected_requests_total", reason="queue_full") == observed.rejected_429
     assert _delta(after, before, "scorekeeper_requests_total", endpoint="/v1/score", code="429") \
         == observed.rejected_429

@@ -21,7 +21,8 @@ SPECS: dict[str, dict[str, Any]] = {
     "gpu-mis-graphs": {
         "model": {"uri": "pvc://models/qwen3", "servedName": "rerank", "dtype": "bfloat16"},
         "scoring": {"multiItem": {"enabled": True, "delimiterTokenId": 151643, "maxItemsPerRequest": 512},
-                    "maxBatchTokens": 16384, "maxQueueTokens": 65536, "returnPooledHiddenStates": "forbidden"},
+                    "maxBatchTokens": 16384, "maxQueueTokens": 65536, "maxRequestTokens": 32768,
+                    "requestTimeoutSeconds": 30, "returnPooledHiddenStates": "forbidden"},
         "cudaGraph": {"enabled": True, "tokenBuckets": [256, 512, 1024], "maxTokens": 2048, "maxSequences": 64},
         "resources": {"gpu": {"count": 1}}, "rollout": {"drainSeconds": 12}},
     "cpu-mis-without-delimiter": {"model": {"uri": "file:///opt/m", "dtype": "float32"},
@@ -82,6 +83,8 @@ def test_rendered_args_parse_to_the_intended_config(name: str, tmp_path: Path) -
     assert config.port == flags.WORKER_PORT
     assert config.max_batch_tokens == spec.scoring.max_batch_tokens
     assert config.max_queue_tokens == spec.scoring.max_queue_tokens
+    assert config.max_request_tokens == spec.scoring.max_request_tokens
+    assert config.request_timeout_seconds == spec.scoring.request_timeout_seconds
     assert config.max_items_per_request == mis.max_items_per_request
     assert config.pooled_hidden_states.value == spec.scoring.return_pooled_hidden_states.value
     assert config.multi_item_scoring == mis.enabled

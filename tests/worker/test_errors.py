@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
-from serving import RunningServer
+from serving import BatchGate, RunningServer
 
 CAUSAL_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("missing items", {"query": "q"}, "items"),
@@ -94,16 +95,20 @@ def test_full_queue_gives_429_and_keeps_serving(tiny_model: Callable[[str], Path
 
     async def burst() -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=120) as client:
-            calls = [client.post(server.url + "/v1/score", json={"query": [1, 2], "items": items}) for _ in range(12)]
+            calls = [client.post(server.url + "/v1/score", json={"query": [1, 2], "items": items}) for _ in range(11)]
             return await asyncio.gather(*calls)
 
-    responses = asyncio.run(burst())
-    codes = [r.status_code for r in responses]
-    assert 429 in codes and 200 in codes, codes
-    assert all(r.headers.get("retry-after") for r in responses if r.status_code == 429)
-    for response in responses:
-        if response.status_code == 200:
-            np.testing.assert_allclose(response.json()["scores"], expected, rtol=1e-5)
+    # The first request's first batch is held (a scheduler observer), so the rest of it fills the queue while the
+    # burst arrives, on any machine.
+    with BatchGate(server.scheduler, hold=True) as gate, ThreadPoolExecutor(1) as pool:
+        first = pool.submit(server.score, query=[1, 2], items=items)
+        gate.wait_held()
+        responses = asyncio.run(burst())
+        gate.release()
+        assert first.result().status_code == 200
+    assert [r.status_code for r in responses] == [429] * 11
+    assert all(r.headers.get("retry-after") == "1" for r in responses)
+    np.testing.assert_allclose(first.result().json()["scores"], expected, rtol=1e-5)
     after = server.score(query=[1, 2], items=items)
     assert after.status_code == 200
     np.testing.assert_allclose(after.json()["scores"], expected, rtol=1e-5)

@@ -36,8 +36,8 @@ def test_sigterm_drains_in_flight_requests(tiny_model: Callable[[str], Path]) ->
         sender = threading.Thread(target=lambda: results.append(
             httpx.post(url + "/v1/score", json={"query": [5, 6], "items": items}, timeout=120)))
         sender.start()
-        while httpx.get(url + "/metrics", timeout=5).text.find("scorekeeper_queue_tokens 0.0") != -1:
-            time.sleep(0.02)  # wait until the request is admitted (queued tokens > 0)
+        while sender.is_alive() and "scorekeeper_queue_tokens 0.0" in httpx.get(url + "/metrics", timeout=5).text:
+            time.sleep(0.02)  # wait for a state: the request is admitted (queued tokens > 0)
         process.send_signal(signal.SIGTERM)
         sender.join(120)
         assert results and results[0].status_code == 200, results

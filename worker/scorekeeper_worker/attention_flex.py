@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from scorekeeper_worker.attention import AttentionLayout, TokenLayout, token_allowed
+from scorekeeper_worker.attention_layout import AttentionLayout, TokenLayout, token_allowed
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ def flex_packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.T
     """q [1, H, T, D], k/v [1, Hkv, T, D] → [1, T, H, D]."""
     tokens = layout.tokens
     assert tokens is not None
-    block_mask = layout.bias(("flex", causal, window), lambda: flex_block_mask(tokens, causal, window))
+    block_mask = layout.cached(("flex", causal, window), lambda: flex_block_mask(tokens, causal, window))
     dim = query.shape[-1]
     if dim < MIN_HEAD_DIM:
         query, key, value = (F.pad(t, (0, MIN_HEAD_DIM - dim)) for t in (query, key, value))

@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-batch-tokens", "token budget of one packed forward pass", type=int)
     add("--max-queue-tokens", "tokens admitted but not yet scored; beyond it requests get 429", type=int)
     add("--max-request-bytes", "largest accepted request body; beyond it 413", type=int)
+    add("--max-request-tokens", "most tokens one request may run through the model once planned (multi-item "
+        "chunks repeat the query); beyond it 413", type=int)
+    add("--max-response-bytes", "largest response a request may ask for (pooled hidden states, label scores); "
+        "beyond it 400 before any work", type=int)
+    add("--request-timeout-seconds", "answer 504 and drop a request's remaining work after this long "
+        "(default: no timeout)", type=float)
     add("--max-items-per-request", "largest number of items in one request; beyond it 400", type=int)
     add("--pooled-hidden-states", "whether requests may ask for pooled hidden states",
         choices=[p.value for p in PooledHiddenStates])

@@ -33,6 +33,8 @@ class ApiError(HTTPException):
     headers_: ClassVar[tuple[tuple[str, str], ...]] = ()  # sent with every response of this class
     # scorekeeper_rejected_requests_total{reason}: set on refusals that protect capacity.
     reason: ClassVar[str | None] = None
+    # scorekeeper_cancelled_requests_total{reason}: set on requests whose queued work was dropped.
+    cancelled: ClassVar[str | None] = None
 
     def __init__(self, message: str) -> None:
         super().__init__(self.status, message, dict(self.headers_) or None)
@@ -60,6 +62,18 @@ class PayloadTooLarge(ApiError):
     status, kind, reason = 413, "RequestTooLarge", "body_too_large"
 
 
+class RequestTooLarge(PayloadTooLarge):
+    """The request would run more tokens through the model than --max-request-tokens (planned, before queueing)."""
+
+    reason = "request_tokens"
+
+
+class ResponseTooLarge(BadRequest):
+    """The response could exceed --max-response-bytes: refused before any work."""
+
+    reason = "response_bytes"
+
+
 class Overloaded(ApiError):
     """The queue is full (or the worker is stopping); the client should retry later."""
 
@@ -84,17 +98,25 @@ class NonFiniteScore(ApiError):
 class RequestTimedOut(ApiError):
     """The request ran past its deadline (--request-timeout-seconds); its remaining work is dropped."""
 
-    status, kind = 504, "GatewayTimeout"
+    status, kind, cancelled = 504, "GatewayTimeout", "timeout"
+
+
+class ClientDisconnected(ApiError):
+    """The client closed the connection before its answer was ready; its queued work was dropped. Nobody reads
+    this answer: its status (nginx's "client closed request") shows in the request metrics."""
+
+    status, kind, cancelled = 499, "ClientClosedRequest", "disconnect"
 
 
 # Types of the statuses Starlette raises by itself (unknown route, wrong method), and of everything above.
 TYPES = {cls.status: cls.kind for cls in (BadRequest, Unauthorized, PayloadTooLarge, Overloaded, NotReady,
-                                          RequestTimedOut, ApiError)} | {404: "NotFoundError", 405: "MethodNotAllowed"}
+                                          RequestTimedOut, ClientDisconnected, ApiError)}
+TYPES |= {404: "NotFoundError", 405: "MethodNotAllowed"}
 DESCRIPTIONS = {
     400: "Bad request: the message names the field at fault",
     401: "Missing or wrong API key (`Authorization: Bearer <key>`)",
     405: "Method not allowed on this route (see the Allow header)",
-    413: "Request body over --max-request-bytes",
+    413: "Request body over --max-request-bytes, or a request that would run more tokens than --max-request-tokens",
     429: "Queue full: retry after Retry-After seconds",
     500: "Internal error: the log holds the details under the response's x-request-id",
     503: "Model loading or worker draining: retry after Retry-After seconds",

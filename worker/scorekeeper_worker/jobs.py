@@ -49,15 +49,10 @@ class ScoreJob:
     scores: list[list[float] | None] = field(default_factory=list)
     pooled: list[list[float] | None] = field(default_factory=list)
     query_embedding: torch.Tensor | None = None
-    closed: bool = False  # finished or failed: no more work or results
 
     def __post_init__(self) -> None:
         self.scores = [None] * self.num_items
         self.pooled = [None] * self.num_items
-
-    @property
-    def cancelled(self) -> bool:
-        return self.future.cancelled()
 
     def absorb(self, model: ScoringModel, slots: list[int], rows: torch.Tensor, copies: CopyStats) -> None:
         """Score this job's pooled rows from one batch (slot = item index, or QUERY_SLOT)."""
@@ -106,7 +101,6 @@ class ScoreJob:
 
     def finish(self) -> None:
         """Resolve the future from the executor thread (the event loop owns it)."""
-        self.closed = True
         result = JobResult(
             scores=[row for row in self.scores if row is not None],
             pooled_hidden_states=[v for v in self.pooled if v is not None] if self.want_pooled else None,
@@ -117,7 +111,6 @@ class ScoreJob:
         self.loop.call_soon_threadsafe(_set_result, self.future, result)
 
     def fail(self, error: BaseException) -> None:
-        self.closed = True
         self.loop.call_soon_threadsafe(_set_exception, self.future, error)
 
 

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
+from scorekeeper_worker.batching import SIZE_CLASSES
+
 if TYPE_CHECKING:
     from scorekeeper_worker.config import WorkerConfig
 
@@ -20,6 +22,8 @@ COPY_BUCKETS = (1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1,
 TOKEN_BUCKETS = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 STAGES = ("tokenize", "queue", "forward", "scoring", "serialize", "end_to_end")
+REJECTIONS = ("queue_full", "body_too_large", "request_tokens", "response_bytes")
+CANCELLATIONS = ("disconnect", "timeout")
 
 
 def _version(package: str) -> str:
@@ -41,6 +45,11 @@ class WorkerMetrics:
                                 ["endpoint", "code"], registry=r)
         self.rejected = Counter("scorekeeper_rejected_requests_total", "Requests refused for capacity",
                                 ["reason"], registry=r)
+        self.cancelled = Counter("scorekeeper_cancelled_requests_total",
+                                 "Admitted requests whose remaining work was dropped", ["reason"], registry=r)
+        self.queue_wait_seconds = Histogram("scorekeeper_queue_wait_seconds",
+                                            "Admission to first batch, by request size (planned tokens against "
+                                            "the batch budget)", ["size"], buckets=STAGE_BUCKETS, registry=r)
         self.inflight = Gauge("scorekeeper_inflight_requests", "Requests being handled", registry=r)
         self.queue_depth = Gauge("scorekeeper_queue_depth", "Requests admitted and not yet finished", registry=r)
         self.queue_tokens = Gauge("scorekeeper_queue_tokens", "Tokens admitted and not yet run", registry=r)
@@ -91,8 +100,12 @@ class WorkerMetrics:
         for mode in ("multi_item", "single_item"):
             self.items.labels(mode)
             self.score_requests.labels(mode)
-        for reason in ("queue_full", "body_too_large"):
+        for reason in REJECTIONS:
             self.rejected.labels(reason)
+        for reason in CANCELLATIONS:
+            self.cancelled.labels(reason)
+        for size in SIZE_CLASSES:
+            self.queue_wait_seconds.labels(size)
         self.graph_runs.labels("eager", "none")
         self.build_info.info({"version": _version("scorekeeper"), "python": platform.python_version(),
                               "torch": _version("torch"), "transformers": _version("transformers")})

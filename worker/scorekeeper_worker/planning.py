@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from scorekeeper_worker.loader import ModelKind, Pooling, ScoringModel
 from scorekeeper_worker.packing import PackUnit, Pool
-from scorekeeper_worker.schemas import BadRequest, ScoreRequest
+from scorekeeper_worker.schemas import BadRequest, RequestTooLarge, ScoreRequest
 
 QUERY_SLOT = -1  # embedding models pool the query once per request into this slot
 
@@ -81,51 +81,97 @@ def _pooled(pooling: Pooling, length: int) -> range:
     return {Pooling.CLS: range(1), Pooling.MEAN: range(length), Pooling.LAST: range(length - 1, length)}[pooling]
 
 
+def _admit(planned: int, limit: int | None, how: str) -> None:
+    """The `--max-request-tokens` check, on the planned count, before any unit is built (so a request over it costs
+    a pass over its lengths, never the tokens it would plan)."""
+    if limit is not None and planned > limit:
+        raise RequestTooLarge(f"items: the request would run {planned} tokens through the model ({how}), over this "
+                              f"server's limit of {limit} (--max-request-tokens); split it into smaller requests")
+
+
+def admit_pairs(model: ScoringModel, request: ScoreRequest, max_request_tokens: int | None) -> None:
+    """Cross-encoders encode every (query, item) pair during tokenization, i.e. items × query tokens before `plan`
+    can check anything: refuse a request whose query alone, repeated per item, is already over the limit (one
+    pass over the query)."""
+    items = request.item_list
+    if model.kind != ModelKind.CROSS_ENCODER or not items or max_request_tokens is None:
+        return
+    query = request.query if isinstance(request.query, list) else \
+        model.tokenizer(request.query, add_special_tokens=False)["input_ids"]
+    _admit(len(items) * len(query or []), max_request_tokens, "the query is repeated for every item")
+
+
+def _mis_chunks(context: int, rows: list[int], max_batch_tokens: int) -> list[range]:
+    """Items per multi-item chunk: the context (query + delimiter) and as many item rows as fit the batch budget,
+    at least one."""
+    chunks: list[range] = []
+    first, size = 0, context
+    for i, row in enumerate(rows):
+        if i > first and size + row > max_batch_tokens:
+            chunks.append(range(first, i))
+            first, size = i, context
+        size += row
+    if rows:
+        chunks.append(range(first, len(rows)))
+    return chunks
+
+
 def plan(model: ScoringModel, request: ScoreRequest, tokens: Tokenized, job: object, multi_item: bool,
-         max_batch_tokens: int, delimiter: int | None) -> ScorePlan:
-    """Pack units for one request; `job` is stored in each Pool's owner as (job, item index)."""
+         max_batch_tokens: int, delimiter: int | None, max_request_tokens: int | None = None) -> ScorePlan:
+    """Pack units for one request; `job` is stored in each Pool's owner as (job, item index). Lengths are checked
+    and the planned tokens admitted (`max_request_tokens`) before any unit is built."""
     start = model.position_start
     if model.kind == ModelKind.CROSS_ENCODER:
-        units = []
-        for i, (ids, types) in enumerate(tokens.pairs):
+        for i, (ids, _) in enumerate(tokens.pairs):
             _too_long(model, len(ids), f"items[{i}]")
-            units.append(PackUnit(ids, token_types=types if model.uses_token_types else None,
-                                  position_start=start, pools=[Pool(_pooled(model.pooling, len(ids)), (job, i))]))
-        return ScorePlan(units, sum(u.num_tokens for u in units), False)
+        planned = sum(len(ids) for ids, _ in tokens.pairs)
+        _admit(planned, max_request_tokens, "the query is repeated for every item")
+        units = [PackUnit(ids, token_types=types if model.uses_token_types else None, position_start=start,
+                          pools=[Pool(_pooled(model.pooling, len(ids)), (job, i))])
+                 for i, (ids, types) in enumerate(tokens.pairs)]
+        return ScorePlan(units, planned, False)
     if model.kind == ModelKind.EMBEDDING:
-        units = []
-        for slot, ids in [(QUERY_SLOT, tokens.query), *enumerate(tokens.items)]:
+        sequences = [(QUERY_SLOT, tokens.query), *enumerate(tokens.items)]
+        for slot, ids in sequences:
             _too_long(model, len(ids), "query" if slot == QUERY_SLOT else f"items[{slot}]")
-            pool = Pool(_pooled(model.pooling, len(ids)), (job, slot))
-            units.append(PackUnit(ids, position_start=start, pools=[pool]))
-        return ScorePlan(units, sum(u.num_tokens for u in units), False)
+        planned = sum(len(ids) for _, ids in sequences)
+        _admit(planned, max_request_tokens, "the query and every item once")
+        units = [PackUnit(ids, position_start=start, pools=[Pool(_pooled(model.pooling, len(ids)), (job, slot))])
+                 for slot, ids in sequences]
+        return ScorePlan(units, planned, False)
+    query = tokens.query
+    for i, item in enumerate(tokens.items):
+        _too_long(model, len(query) + len(item), f"items[{i}]")
     if multi_item and not request.item_first:
-        return _plan_multi_item(model, tokens, job, max_batch_tokens, delimiter)
+        return _plan_multi_item(model, tokens, job, max_batch_tokens, delimiter, max_request_tokens)
+    planned = len(tokens.items) * len(query) + sum(len(item) for item in tokens.items)
+    _admit(planned, max_request_tokens, "the query is repeated for every item")
     units = []
     for i, item in enumerate(tokens.items):
-        ids = item + tokens.query if request.item_first else tokens.query + item
-        _too_long(model, len(ids), f"items[{i}]")
+        ids = item + query if request.item_first else query + item
         units.append(PackUnit(ids, position_start=start, pools=[Pool(range(len(ids) - 1, len(ids)), (job, i))]))
-    return ScorePlan(units, sum(u.num_tokens for u in units), False)
+    return ScorePlan(units, planned, False)
 
 
 def _plan_multi_item(model: ScoringModel, tokens: Tokenized, job: object, max_batch_tokens: int,
-                     delimiter: int | None) -> ScorePlan:
+                     delimiter: int | None, max_request_tokens: int | None) -> ScorePlan:
     """`query [D] item1 [D] item2 [D] …` split into chunks that fit the batch budget; every chunk repeats the query.
     Each delimiter closes the row before it, so only the delimiter itself could ever attend to it."""
     query = tokens.query
     tail = [] if delimiter is None else [delimiter]
     context = query + tail
+    rows = [len(item) + len(tail) for item in tokens.items]
+    chunks = _mis_chunks(len(context), rows, max_batch_tokens)
+    planned = len(chunks) * len(context) + sum(rows)
+    _admit(planned, max_request_tokens, f"the query is repeated in each of {len(chunks)} multi-item chunks")
     units: list[PackUnit] = []
-    for i, item in enumerate(tokens.items):
-        _too_long(model, len(query) + len(item), f"items[{i}]")
-        row = item + tail
-        unit = units[-1] if units else None
-        if unit is None or (unit.items and unit.num_tokens + len(row) > max_batch_tokens):
-            unit = PackUnit(list(context), visible_prefix=len(query), position_start=model.position_start)
-            units.append(unit)
-        # An empty item is scored at the query's last token (SGLang's semantics for "").
-        offset = unit.num_tokens + len(item) - 1 if item else len(query) - 1
-        unit.items.append(row)
-        unit.pools.append(Pool(range(offset, offset + 1), (job, i)))
-    return ScorePlan(units, sum(u.num_tokens for u in units), True)
+    for chunk in chunks:
+        unit = PackUnit(list(context), visible_prefix=len(query), position_start=model.position_start)
+        for i in chunk:
+            item = tokens.items[i]
+            # An empty item is scored at the query's last token (SGLang's semantics for "").
+            offset = unit.num_tokens + len(item) - 1 if item else len(query) - 1
+            unit.items.append(item + tail)
+            unit.pools.append(Pool(range(offset, offset + 1), (job, i)))
+        units.append(unit)
+    return ScorePlan(units, planned, True)

@@ -49,6 +49,9 @@ class ErrorReporter:
         reason = getattr(error, "reason", None)
         if reason is not None:
             self.metrics.rejected.labels(reason).inc()
+        cancelled = getattr(error, "cancelled", None)
+        if cancelled is not None:
+            self.metrics.cancelled.labels(cancelled).inc()
         if body.code == 500:
             log.error("%s %s failed: %s: %s", method, path, type(error).__name__, error, exc_info=error)
         else:  # an answer the server meant to give (metrics count them; a probe during loading is one too)

@@ -14,9 +14,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 
-from scorekeeper_worker.errors import BadRequest, ErrorResponse
+from scorekeeper_worker.errors import BadRequest, ErrorResponse, RequestTooLarge, ResponseTooLarge
 
-__all__ = ["BadRequest", "ErrorResponse"]  # re-exported: the rest of the worker imports them from here
+# Re-exported: the rest of the worker imports them from here.
+__all__ = ["BadRequest", "ErrorResponse", "RequestTooLarge", "ResponseTooLarge"]
 
 # The largest integer a request may hold: beyond it a JSON number is no longer exact in every client (JavaScript,
 # float64 parsers), and it is far beyond any vocabulary or count. Larger ones, 64-bit and more, are a 400.

@@ -7,6 +7,7 @@ Every non-2xx answer goes through one mapping (errors.error_for) and has the sam
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import sys
@@ -27,6 +28,7 @@ from starlette.exceptions import HTTPException
 from scorekeeper_worker.auth import PROTECTED_PREFIX, ApiKeyAuth, ApiKeys
 from scorekeeper_worker.body_limit import BodyLimit
 from scorekeeper_worker.config import WorkerConfig
+from scorekeeper_worker.disconnect import cancel_on_disconnect
 from scorekeeper_worker.drain import Drain, DrainingServer
 from scorekeeper_worker.errors import NotReady, error_responses
 from scorekeeper_worker.json_body import JSONRoute
@@ -133,17 +135,20 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
     v1 = (401,) if keys is not None else ()
     scoring_errors = error_responses(400, *v1, 429, 503, 504, *ANY_ROUTE)
 
+    # Scoring routes race their work against the client's connection (a disconnect drops the queued work) and
+    # serialise in a worker thread (a large response must not stall the event loop).
     @app.post("/v1/score", response_model=ScoreResponse, responses=scoring_errors)
-    async def score(request: ScoreRequest) -> Response:
-        response = await service.score(request)
+    async def score(body: ScoreRequest, http: Request) -> Response:
+        response = await cancel_on_disconnect(service.score(body), http.receive)
         started = time.perf_counter()
-        body = Response(response.model_dump_json(), media_type="application/json")
+        content = await asyncio.to_thread(response.model_dump_json)
         metrics.stage_seconds.labels("serialize").observe(time.perf_counter() - started)
-        return body
+        return Response(content, media_type="application/json")
 
     @app.post("/v1/rerank", response_model=RerankResponse, responses=scoring_errors)
-    async def rerank_route(request: RerankRequest) -> RerankResponse:
-        return await rerank(service, request)
+    async def rerank_route(body: RerankRequest, http: Request) -> Response:
+        response = await cancel_on_disconnect(rerank(service, body), http.receive)
+        return Response(await asyncio.to_thread(response.model_dump_json), media_type="application/json")
 
     @app.get("/v1/models", response_model=ModelList, responses=error_responses(*v1, *ANY_ROUTE))
     async def models() -> ModelList:

@@ -12,16 +12,25 @@ from scorekeeper_worker.attention import LayoutKind
 from scorekeeper_worker.attention_flex import resolve_backend
 from scorekeeper_worker.config import PooledHiddenStates, WorkerConfig
 from scorekeeper_worker.cuda_graphs import GraphRunner
-from scorekeeper_worker.errors import NonFiniteScore, NotReady
+from scorekeeper_worker.errors import NonFiniteScore, NotReady, RequestTimedOut, ResponseTooLarge
 from scorekeeper_worker.executor import Executor
-from scorekeeper_worker.jobs import ScoreJob
+from scorekeeper_worker.jobs import JobResult, ScoreJob
 from scorekeeper_worker.loader import ModelKind, ScoringModel, load_model
 from scorekeeper_worker.metrics import WorkerMetrics
-from scorekeeper_worker.planning import plan, tokenize
+from scorekeeper_worker.planning import ScorePlan, admit_pairs, plan, tokenize
 from scorekeeper_worker.scheduler import Scheduler
 from scorekeeper_worker.schemas import BadRequest, ScoreRequest, ScoreResponse, Usage
 
 log = logging.getLogger(__name__)
+
+
+# An upper bound of the JSON a response takes: the longest float Python writes ("-1.2345678901234567e-308") and its
+# comma; the brackets and commas of an item's score and pooled lists; the fixed fields (usage, object) with room to
+# spare, plus the echoed model name at up to 6 bytes per character (JSON escapes).
+JSON_FLOAT_BYTES = 25
+JSON_ITEM_BYTES = 6
+JSON_ESCAPE_BYTES = 6
+RESPONSE_OVERHEAD_BYTES = 1024
 
 
 def _label_lists(model: ScoringModel, request: ScoreRequest, num_items: int) -> list[list[int]] | None:
@@ -44,6 +53,29 @@ def _label_lists(model: ScoringModel, request: ScoreRequest, num_items: int) -> 
                 raise BadRequest(f"label_token_ids: token id {token} is out of range [0, {model.logit_size}) "
                                  "(the model's logit size)")
     return lists
+
+
+def _check_response_bytes(model: ScoringModel, request: ScoreRequest, labels: list[list[int]] | None,
+                          limit: int) -> None:
+    """`--max-response-bytes`, before any work: an upper bound of the JSON response from the request's shape."""
+    items = len(request.item_list)
+    scores = sum(len(row) for row in labels) if labels is not None else \
+        items * (1 if model.kind == ModelKind.EMBEDDING else model.logit_size)
+    pooled = items * model.hidden_size if request.return_pooled_hidden_states else 0
+    bound = (RESPONSE_OVERHEAD_BYTES + JSON_ESCAPE_BYTES * len(request.model) + items * JSON_ITEM_BYTES
+             + (scores + pooled) * JSON_FLOAT_BYTES)
+    if bound > limit:
+        field = "return_pooled_hidden_states" if pooled else "label_token_ids" if labels is not None else "items"
+        what = f"{items} items × {model.hidden_size} pooled floats" if pooled else f"{scores} scores"
+        raise ResponseTooLarge(f"{field}: the response could reach {bound} bytes ({what}), over this server's "
+                               f"limit of {limit} (--max-response-bytes); ask for fewer items per request")
+
+
+def _response(request: ScoreRequest, result: JobResult) -> ScoreResponse:
+    """The response model (validates every float: a worker thread for large responses)."""
+    usage = Usage(prompt_tokens=result.prompt_tokens, total_tokens=result.prompt_tokens)
+    return ScoreResponse(scores=result.scores, pooled_hidden_states=result.pooled_hidden_states,
+                         model=request.model, usage=usage)
 
 
 class ScoringService:
@@ -110,48 +142,78 @@ class ScoringService:
         return Executor(model, backend, graphs)
 
     async def score(self, request: ScoreRequest) -> ScoreResponse:
+        """Score one request. On the event loop only O(1) work per request: checks, tokenization, planning and
+        the response model run in a worker thread. Cancelling the calling task (client gone) or the timeout drops
+        the request's queued work."""
         if self.model is None or self.scheduler is None:
             raise NotReady("model is loading")
-        model = self.model
-        items = request.item_list
-        if len(items) > self.config.max_items_per_request:
-            raise BadRequest(f"items: {len(items)} items exceed the limit of {self.config.max_items_per_request}")
-        labels = _label_lists(model, request, len(items))
-        if request.return_pooled_hidden_states:
-            if model.kind == ModelKind.CAUSAL_LM:
-                raise BadRequest("return_pooled_hidden_states is not supported for causal LM models; it needs a "
-                                 "model with a task head (classifier, reward, cross-encoder) or an embedding model")
-            if self.config.pooled_hidden_states == PooledHiddenStates.FORBIDDEN:
-                raise BadRequest("return_pooled_hidden_states is disabled on this server")
-            self.metrics.hidden_requests.inc()
-        if not items:
+        timeout = self.config.request_timeout_seconds
+        try:
+            async with asyncio.timeout(timeout) as deadline:
+                return await self._score(self.model, self.scheduler, request)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            raise RequestTimedOut(f"the request did not finish within {timeout:g} s (--request-timeout-seconds); "
+                                  "its remaining work was dropped") from None
+
+    async def _score(self, model: ScoringModel, scheduler: Scheduler, request: ScoreRequest) -> ScoreResponse:
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        prepared = await asyncio.to_thread(self._prepare, model, request, loop.create_future(), loop)
+        if prepared is None:
             return ScoreResponse(scores=[], model=request.model, usage=Usage(prompt_tokens=0, total_tokens=0),
                                  pooled_hidden_states=[] if request.return_pooled_hidden_states else None)
-        started = time.perf_counter()
-        tokens = await asyncio.to_thread(tokenize, model, request)
-        multi_item = model.is_decoder and (request.multi_item_scoring if request.multi_item_scoring is not None
-                                           else self.config.mis_enabled)
-        loop = asyncio.get_running_loop()
-        job = ScoreJob(num_items=len(items), apply_softmax=request.apply_softmax, temperature=request.temperature,
-                       labels=labels, want_pooled=request.return_pooled_hidden_states, prompt_tokens=0,
-                       multi_item=False, future=loop.create_future(), loop=loop)
-        score_plan = plan(model, request, tokens, job, multi_item, self.config.max_batch_tokens,
-                          self.config.multi_item_scoring_delimiter)
-        job.prompt_tokens, job.multi_item = score_plan.prompt_tokens, score_plan.multi_item
+        job, score_plan = prepared
         self.metrics.stage_seconds.labels("tokenize").observe(time.perf_counter() - started)
-        self.scheduler.submit(job, score_plan.units)
-        result = await job.future
+        queued = scheduler.submit(job, score_plan.units, score_plan.prompt_tokens)
+        try:
+            result = await job.future
+        except BaseException:  # cancelled, timed out or failed: nothing of it may stay queued
+            scheduler.cancel(queued)
+            raise
         if not all(math.isfinite(score) for row in result.scores for score in row):
             # Never a NaN or inf in a 200 (the heads keep finite logits finite; this catches a model that overflowed).
             raise NonFiniteScore("the model produced a non-finite score for this request (numeric overflow in "
                                  f"{str(model.dtype).removeprefix('torch.')}); no scores are returned")
         mode = "multi_item" if result.multi_item else "single_item"
-        self.metrics.items.labels(mode).inc(len(items))
+        self.metrics.items.labels(mode).inc(job.num_items)
         self.metrics.score_requests.labels(mode).inc()
         self.metrics.prompt_tokens.inc(result.prompt_tokens)
-        return ScoreResponse(scores=result.scores, pooled_hidden_states=result.pooled_hidden_states,
-                             model=request.model,
-                             usage=Usage(prompt_tokens=result.prompt_tokens, total_tokens=result.prompt_tokens))
+        return await asyncio.to_thread(_response, request, result)
+
+    def _prepare(self, model: ScoringModel, request: ScoreRequest, future: asyncio.Future[JobResult],
+                 loop: asyncio.AbstractEventLoop) -> tuple[ScoreJob, ScorePlan] | None:
+        """Checks, tokenization and planning (a worker thread): the job and its plan, or None for no items.
+        Every limit is checked before the work it bounds."""
+        config = self.config
+        items = request.item_list
+        if len(items) > config.max_items_per_request:
+            raise BadRequest(f"items: {len(items)} items exceed the limit of {config.max_items_per_request}")
+        labels = _label_lists(model, request, len(items))
+        if request.return_pooled_hidden_states:
+            if model.kind == ModelKind.CAUSAL_LM:
+                raise BadRequest("return_pooled_hidden_states is not supported for causal LM models; it needs a "
+                                 "model with a task head (classifier, reward, cross-encoder) or an embedding model")
+            if config.pooled_hidden_states == PooledHiddenStates.FORBIDDEN:
+                raise BadRequest("return_pooled_hidden_states is disabled on this server")
+        _check_response_bytes(model, request, labels, config.max_response_bytes)
+        if request.return_pooled_hidden_states:
+            self.metrics.hidden_requests.inc()
+        if not items:
+            return None
+        admit_pairs(model, request, config.max_request_tokens)
+        tokens = tokenize(model, request)
+        multi_item = model.is_decoder and (request.multi_item_scoring if request.multi_item_scoring is not None
+                                           else config.mis_enabled)
+        job = ScoreJob(num_items=len(items), apply_softmax=request.apply_softmax, temperature=request.temperature,
+                       labels=labels, want_pooled=request.return_pooled_hidden_states, prompt_tokens=0,
+                       multi_item=False, future=future, loop=loop)
+        score_plan = plan(model, request, tokens, job, multi_item, config.max_batch_tokens,
+                          config.multi_item_scoring_delimiter, config.max_request_tokens)
+        job.prompt_tokens, job.multi_item = score_plan.prompt_tokens, score_plan.multi_item
+        job.remaining = sum(len(unit.pools) for unit in score_plan.units)
+        return job, score_plan
 
     def stop(self) -> None:
         if self.scheduler is not None:
