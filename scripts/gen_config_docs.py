@@ -41,9 +41,12 @@ BASE_SPEC: dict[str, Any] = {"model": {"uri": "pvc://models/base"}}
 BASE_NAME = "example"
 # Sample values for spec fields whose alternative value cannot be derived from the schema alone (free strings, maps).
 # Booleans, enums, integers and integer arrays are derived; everything else must be listed here.
+COMMIT = "0123456789abcdef0123456789abcdef01234567"  # an hf:// revision that needs no Hub to resolve
 SAMPLES: dict[str, Any] = {
     "model.uri": "pvc://models/other/dir",
-    "model.revision": "v2",
+    "model.revision": COMMIT,
+    "model.cache.claimName": "hub-cache",
+    "model.downloadSizeLimit": "4Gi",
     "model.servedName": "ranker",
     "model.tokenSecretRef.name": "hf-token",
     "model.tokenSecretRef.key": "hf",
@@ -62,13 +65,42 @@ SAMPLES: dict[str, Any] = {
     "extraArgs": ["--attention-backend", "sdpa"],
     "monitoring.interval": "15s",
     "monitoring.labels": {"release": "prometheus"},
+    "autoscaling.prometheusAddress": "http://prometheus.monitoring.svc:9090",
+    "autoscaling.prometheusQuery": "sum(scorekeeper_queue_depth)",
+    "pod.serviceAccountName": "scorer",
+    "pod.imagePullSecrets": [{"name": "regcred"}],
+    "pod.env": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}],
+    "pod.envFrom": [{"configMapRef": {"name": "scorer-env"}}],
+    "pod.volumes": [{"name": "ca", "configMap": {"name": "corporate-ca"}}],
+    "pod.volumeMounts": [{"name": "ca", "mountPath": "/etc/ssl/corporate", "readOnly": True}],
+    "pod.labels": {"team": "search"},
+    "pod.annotations": {"example.com/owner": "search"},
+    "pod.runtimeClassName": "nvidia",
+    "pod.topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                       "whenUnsatisfiable": "ScheduleAnyway"}],
+    "networkPolicy.from": [{"namespaceSelector": {"matchLabels": {"team": "search"}}}],
+    "networkPolicy.monitoringNamespace": "observability",
+    "auth.apiKeySecretRef.name": "scorer-keys",
+    "auth.apiKeySecretRef.key": "api-keys",
 }
 # Fields that are only valid together with another one (the CRD's CEL rules); set in both renders of the comparison.
+_HF = {"model.uri": "hf://org/name", "model.revision": COMMIT}
+_KEDA = {"autoscaling.provider": "KEDA", "autoscaling.prometheusAddress": "http://prometheus:9090"}
 PREREQUISITES: dict[str, dict[str, Any]] = {
     "model.revision": {"model.uri": "hf://org/name"},
-    "model.tokenSecretRef.name": {"model.uri": "hf://org/name"},
-    "model.tokenSecretRef.key": {"model.uri": "hf://org/name", "model.tokenSecretRef.name": "hf-token"},
+    "model.tokenSecretRef.name": _HF,
+    "model.tokenSecretRef.key": {**_HF, "model.tokenSecretRef.name": "hf-token"},
+    "model.cache.claimName": _HF,
+    "model.downloadSizeLimit": _HF,
     "scoring.multiItem.delimiterTokenId": {"scoring.multiItem.enabled": True},
+    "autoscaling.prometheusAddress": _KEDA,
+    "autoscaling.prometheusQuery": _KEDA,
+    "pod.volumeMounts": {"pod.volumes": SAMPLES["pod.volumes"]},
+    "auth.apiKeySecretRef.key": {"auth.apiKeySecretRef.name": "scorer-keys"},
+}
+# Set together with the field itself (only in the changed render): values that field cannot go without.
+COMPANIONS: dict[str, dict[str, Any]] = {
+    "autoscaling.provider": {"autoscaling.prometheusAddress": "http://prometheus:9090"},
 }
 
 
@@ -106,7 +138,9 @@ def serve_parser() -> argparse.ArgumentParser:
 
 def _field_default(name: str) -> Any:
     field = WorkerConfig.model_fields[name]
-    return PydanticUndefined if field.is_required() else field.default
+    if field.is_required():
+        return PydanticUndefined
+    return str(field.default) if isinstance(field.default, Path) else field.default
 
 
 def _default_text(name: str) -> str:
@@ -296,7 +330,10 @@ def _alternative(path: str, node: dict[str, Any]) -> Any:
 
 
 def _render(spec: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    model = ScoringModel.from_body({"metadata": {"name": BASE_NAME, "namespace": "ml"}, "spec": spec})
+    # An hf:// branch is rendered once the operator has resolved it (status.model); ffff… stands for that commit.
+    resolved = {"model": {**spec["model"], "resolvedRevision": "f" * 40}}
+    model = ScoringModel.from_body({"metadata": {"name": BASE_NAME, "namespace": "ml"}, "spec": spec,
+                                    "status": resolved})
     return operator_flags.worker_config(model), operator_flags.worker_args(model)
 
 
@@ -321,7 +358,7 @@ def flag_mapping() -> tuple[dict[str, tuple[str, str]], set[str]]:
     for path, node, required in spec_nodes():
         if (node.get("type") == "object" and "properties" in node) or "[]" in path:
             continue  # sections (their fields are rows of their own) and list items (set as a whole below)
-        if node.get("type") == "array" and node.get("items", {}).get("type") == "object":
+        if node.get("type") == "array" and node.get("items", {}).get("type") == "object" and path not in SAMPLES:
             value: Any = [{k.split("[].")[1]: v for k, v in SAMPLES.items() if k.startswith(path + "[].")}]
         else:
             value = _alternative(path, node)
@@ -333,6 +370,8 @@ def flag_mapping() -> tuple[dict[str, tuple[str, str]], set[str]]:
             _set(spec, other, other_value)
         before_config, before_args = _render(spec)
         _set(spec, path, value)
+        for other, other_value in COMPANIONS.get(path, {}).items():
+            _set(spec, other, other_value)
         after_config, after_args = _render(spec)
         changed = [k for k in after_config if before_config.get(k) != after_config[k]]
         moved.update(changed)

@@ -5,8 +5,9 @@ the server's batched / multi-item results are compared against these numbers. Po
 cosine) is done in float64 so that the reference adds no rounding of its own.
 
 Token-level join (spec "Score semantics"):
-- decoders: `tokenizer(query)` with default special tokens (BOS if the tokenizer adds one) + `tokenizer(item)` without
-  any; with item_first the roles swap.
+- decoders: `tokenizer(query)` and `tokenizer(item)` without special tokens, joined, then the tokenizer's own
+  single-sequence template applied to the joined ids (its post-processor: BOS before, EOS after where it adds them);
+  with item_first the roles swap.
 - cross-encoders: the tokenizer's own pair encoding of (query, item) (CLS/SEP template, token_type_ids), called in
   batch form `tokenizer([query], [item])` because the single form drops an empty item (see encode_pair).
 - embedding models: every text alone with default special tokens.
@@ -24,7 +25,8 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-ENCODER_MODEL_TYPES = {"bert", "roberta", "xlm-roberta"}
+ENCODER_MODEL_TYPES = {"bert", "roberta", "xlm-roberta", "electra", "modernbert", "deberta-v2"}
+FIRST_TOKEN_HEADS = {"roberta", "xlm-roberta", "electra", "deberta-v2"}  # their heads read the first token
 
 
 # ----------------------------------------------------------------------------------------------------- loading
@@ -39,7 +41,7 @@ def model_kind(path: Path | str) -> str:
         return "causal_lm"
     if arch.endswith("ForSequenceClassification"):
         return "classifier"
-    if (path / "modules.json").is_file():
+    if (path / "modules.json").is_file() or arch.endswith("Model"):
         return "embedding"
     raise ValueError(f"cannot tell the model kind of {path} (architectures={architectures})")
 
@@ -80,9 +82,14 @@ def load_model(
 
 
 def encode_decoder(tokenizer: PreTrainedTokenizerBase, query_text: str, item_text: str, item_first: bool) -> list[int]:
-    """Decoder join: first text with the tokenizer's default specials (BOS or nothing), second text with none."""
+    """Decoder join: both texts without specials, joined, then the tokenizer's template for one sequence (BOS first
+    and, for tokenizers that append one, EOS at the very end)."""
+    from tokenizers import Encoding
+
     first, second = (item_text, query_text) if item_first else (query_text, item_text)
-    return list(tokenizer(first)["input_ids"]) + list(tokenizer(second, add_special_tokens=False)["input_ids"])
+    backend = tokenizer.backend_tokenizer
+    joined = Encoding.merge([backend.encode(text, add_special_tokens=False) for text in (first, second)])
+    return list(backend.post_processor.process(joined).ids if backend.post_processor else joined.ids)
 
 
 def encode_pair(
@@ -160,15 +167,18 @@ def _pooled_tensor(model: PreTrainedModel, ids: list[int], token_type_ids: list[
     model_type = model.config.model_type
     if model_type == "bert":
         return out.pooler_output[0]  # BertForSequenceClassification: classifier(dropout(pooler_output))
-    if model_type in ("roberta", "xlm-roberta"):
-        return out.last_hidden_state[0, 0]  # RobertaClassificationHead takes features[:, 0, :] (the <s> token)
+    if model_type in FIRST_TOKEN_HEADS:
+        return out.last_hidden_state[0, 0]  # their heads take features[:, 0, :] (the <s> / [CLS] token)
+    if model_type == "modernbert":  # ModernBertForSequenceClassification pools by config.classifier_pooling
+        hidden = out.last_hidden_state[0]
+        return hidden[0] if model.config.classifier_pooling == "cls" else hidden.mean(dim=0)
     # Decoder SeqCls: final hidden state (after the final norm) at the last token.
     return out.last_hidden_state[0, -1]
 
 
 def classifier_pooled(model: PreTrainedModel, ids: list[int], token_type_ids: list[int] | None = None) -> list[float]:
     """Pre-head vector: decoder SeqCls -> final-norm hidden state at the last token; BERT -> pooler output;
-    XLM-R/RoBERTa -> hidden state of the first token."""
+    RoBERTa, XLM-R, ELECTRA, DeBERTa-v2 -> hidden state of the first token; ModernBERT -> its classifier pooling."""
     return _pooled_tensor(model, ids, token_type_ids).double().tolist()
 
 
@@ -206,22 +216,64 @@ def classifier_scores(
     return torch.softmax(logits / temperature, dim=-1).tolist()
 
 
-def _mean_pooled(model: PreTrainedModel, ids: list[int]) -> torch.Tensor:
+def sentence_pooling(path: Path | str) -> str:
+    """A sentence-transformers directory's pooling: "cls", "mean" or "lasttoken" (mean without 1_Pooling)."""
+    config = Path(path) / "1_Pooling" / "config.json"
+    if not config.is_file():
+        return "mean"
+    settings = json.loads(config.read_text())
+    return next(name for name in ("cls", "mean", "lasttoken")
+                if settings.get({"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens",
+                                 "lasttoken": "pooling_mode_lasttoken"}[name]))
+
+
+def _pooled(model: PreTrainedModel, ids: list[int], pooling: str) -> torch.Tensor:
     import torch
 
     with torch.no_grad():
         hidden = model(input_ids=_tensor(ids, model)).last_hidden_state[0]
-    return hidden.double().mean(dim=0)
+    hidden = hidden.double()
+    return {"cls": hidden[0], "mean": hidden.mean(dim=0), "lasttoken": hidden[-1]}[pooling]
 
 
-def embedding_pooled(model: PreTrainedModel, ids: list[int]) -> list[float]:
-    """Mean over all tokens of the last hidden state (not normalized)."""
-    return _mean_pooled(model, ids).tolist()
+def embedding_pooled(model: PreTrainedModel, ids: list[int], pooling: str = "mean") -> list[float]:
+    """The pooled last hidden state (not normalized): mean over all tokens, the first, or the last token."""
+    return _pooled(model, ids, pooling).tolist()
 
 
-def embedding_scores(model: PreTrainedModel, query_ids: list[int], item_ids: list[int]) -> list[float]:
-    """[cosine(mean-pooled query, mean-pooled item)]."""
+def embedding_scores(model: PreTrainedModel, query_ids: list[int], item_ids: list[int],
+                     pooling: str = "mean") -> list[float]:
+    """[cosine(pooled query, pooled item)]."""
     import torch
 
-    query, item = _mean_pooled(model, query_ids), _mean_pooled(model, item_ids)
+    query, item = _pooled(model, query_ids, pooling), _pooled(model, item_ids, pooling)
     return [torch.nn.functional.cosine_similarity(query, item, dim=0).item()]
+
+
+# ----------------------------------------------------------------------------------------------------- requests
+
+
+def expected_scores(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, kind: str, query: str,
+                    items: list[str], *, item_first: bool = False, apply_softmax: bool = False,
+                    temperature: float = 1.0, labels: list[int] | None = None,
+                    pooled: bool = False) -> list[list[float]]:
+    """What /v1/score should return for a text request (`pooled`: its pooled_hidden_states instead), item by item:
+    the joins above, one plain forward per sequence. `kind` as `model_kind` returns it."""
+    rows = []
+    for item in items:
+        if kind == "causal_lm":
+            ids = encode_decoder(tokenizer, query, item, item_first)
+            rows.append(causal_lm_scores(model, ids, labels or [], apply_softmax, temperature))
+        elif kind == "embedding":
+            pooling = sentence_pooling(model.name_or_path)
+            item_ids, query_ids = encode_single(tokenizer, item), encode_single(tokenizer, query)
+            rows.append(embedding_pooled(model, item_ids, pooling) if pooled
+                        else embedding_scores(model, query_ids, item_ids, pooling))
+        else:
+            if _is_encoder(model):
+                ids, types = encode_pair(tokenizer, query, item, item_first)
+            else:
+                ids, types = encode_decoder(tokenizer, query, item, item_first), None
+            rows.append(classifier_pooled(model, ids, types) if pooled
+                        else classifier_scores(model, ids, types, apply_softmax, temperature))
+    return rows

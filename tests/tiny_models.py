@@ -8,22 +8,26 @@ hand), small enough to build in a fraction of a second, and saved with `save_pre
     from tiny_models import ALL_TINY_MODELS, SPECS, build
     path = build("qwen3-cls3", tmp_dir)            # -> tmp_dir / "qwen3-cls3"
 
+Every architecture × kind of the worker's support matrix (worker/scorekeeper_worker/support.py) has a model here
+(tests/worker/test_support_matrix.py keeps the two in step); tokenizers are in tiny_tokenizers.py.
+
 Design choices that matter for the tests built on top:
-- Decoder tokenizers are byte-level BPE (any text encodes, no UNK) with the ChatML specials. Llama and Gemma2 add a
-  BOS token to single sequences (and before each sequence of a pair, like the real Llama/Gemma tokenizers) so that
-  BOS handling gets exercised; the Qwen tokenizers add nothing.
+- Llama, Gemma2 and Mistral tokenizers add a BOS to single sequences (and before each sequence of a pair, like the
+  real ones) so that BOS handling gets exercised; the Qwen tokenizers add nothing; `llama-eos-cls3` also appends an
+  EOS, which must land at the end of the joined query + item sequence.
 - `initializer_range` is raised from 0.02 to 0.2 so that scores vary by O(0.1-1) across inputs and positions: with
   the default, the tiny BERT cross-encoder's scores for different texts differ by ~1e-4, so a wrong pooling position
   or mask could hide inside test tolerances.
-- Decoders get max_position_embeddings=2048 (multi-item scoring packs hundreds of items into one sequence); BERT 512,
-  XLM-R 512 + 2 (RoBERTa positions start after padding_idx=1).
-- Gemma2 keeps its real attention logit softcapping (50.0). Note: transformers 5.18's default "sdpa" attention silently
-  ignores softcapping, "eager" and "flex_attention" apply it.
+- Decoders get max_position_embeddings=2048 (multi-item scoring packs hundreds of items into one sequence); encoders
+  512 (+ 2 for the RoBERTa family, whose positions start after padding_idx=1).
+- Gemma2 keeps its real attention logit softcapping (50.0) and final logit softcapping (30.0). Note: transformers
+  5.18's default "sdpa" attention silently ignores softcapping, "eager" and "flex_attention" apply it.
+- Windows shorter than the test sequences: Mistral's causal window (24), ModernBERT's local layers (4 each side).
+- DeBERTa-v2 is configured like DeBERTa-v3 (relative attention only, 8 position buckets).
 """
 
 from __future__ import annotations
 
-import collections
 import enum
 import json
 import os
@@ -33,6 +37,9 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import tiny_tokenizers
+from tiny_tokenizers import DECODER_MAX_POSITIONS, ENCODER_MAX_POSITIONS
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -49,190 +56,98 @@ class TinyModel(enum.StrEnum):
     GEMMA2_REWARD = "gemma2-reward"
     MISTRAL_CLS3 = "mistral-cls3"
     QWEN3_CAUSAL = "qwen3-causal"
+    QWEN2_CAUSAL = "qwen2-causal"
     LLAMA_CAUSAL = "llama-causal"
+    MISTRAL_CAUSAL = "mistral-causal"
+    GEMMA2_CAUSAL = "gemma2-causal"
+    QWEN3_EMBED = "qwen3-embed"
+    LLAMA_EOS_CLS3 = "llama-eos-cls3"
     BERT_CROSS = "bert-cross"
     XLMR_CROSS = "xlmr-cross"
+    ROBERTA_CROSS = "roberta-cross"
+    ELECTRA_CROSS = "electra-cross"
+    MODERNBERT_CROSS = "modernbert-cross"
+    MODERNBERT_CROSS_MEAN = "modernbert-cross-mean"
+    DEBERTA_CROSS = "deberta-v2-cross"
     BERT_EMBED = "bert-embed"
+    XLMR_EMBED = "xlmr-embed"
+    ROBERTA_EMBED = "roberta-embed"
+    ELECTRA_EMBED = "electra-embed"
+    MODERNBERT_EMBED = "modernbert-embed"
+
+
+# The BOS token each family's tokenizer prepends (None: adds nothing), spelled like the real tokenizers.
+DECODER_BOS = {"qwen3": None, "qwen2": None, "llama": "<|begin_of_text|>", "gemma2": "<bos>", "mistral": "<s>"}
+ENCODER_FAMILIES = frozenset({"bert", "xlmr", "roberta", "electra", "modernbert", "deberta-v2"})
 
 
 @dataclass(frozen=True)
 class TinySpec:
-    family: str  # "qwen3" | "qwen2" | "llama" | "gemma2" | "mistral" | "bert" | "xlmr"
+    family: str  # a decoder family of DECODER_BOS, or one of ENCODER_FAMILIES
     kind: str  # "classifier" | "causal_lm" | "embedding" (reward models are classifiers with num_labels=1)
     architecture: str  # what config.architectures[0] will be after save_pretrained
     num_labels: int | None  # None for causal LMs and embedding models
     adds_bos: bool  # whether tokenizer(text) puts a BOS / CLS token in front
+    adds_eos: bool = False  # whether tokenizer(text) puts an EOS after the text (decoders)
+    pooling: str = "mean"  # embedding models: sentence-transformers pooling; ModernBERT: classifier_pooling
+
+    @property
+    def encoder(self) -> bool:
+        return self.family in ENCODER_FAMILIES
+
+    @property
+    def token_types(self) -> bool:
+        """Whether the model reads token_type_ids (type_vocab_size > 1)."""
+        return self.family in ("bert", "electra")
+
+
+def _spec(family: str, kind: str, architecture: str, num_labels: int | None = None, **extra: Any) -> TinySpec:
+    adds_bos = family in ENCODER_FAMILIES or DECODER_BOS.get(family) is not None
+    return TinySpec(family, kind, architecture, num_labels, adds_bos, **extra)
 
 
 SPECS: dict[TinyModel, TinySpec] = {
-    TinyModel.QWEN3_CLS3: TinySpec("qwen3", "classifier", "Qwen3ForSequenceClassification", 3, False),
-    TinyModel.QWEN3_REWARD: TinySpec("qwen3", "classifier", "Qwen3ForSequenceClassification", 1, False),
-    TinyModel.QWEN2_CLS3: TinySpec("qwen2", "classifier", "Qwen2ForSequenceClassification", 3, False),
-    TinyModel.QWEN2_REWARD: TinySpec("qwen2", "classifier", "Qwen2ForSequenceClassification", 1, False),
-    TinyModel.LLAMA_CLS3: TinySpec("llama", "classifier", "LlamaForSequenceClassification", 3, True),
-    TinyModel.LLAMA_REWARD: TinySpec("llama", "classifier", "LlamaForSequenceClassification", 1, True),
-    TinyModel.GEMMA2_CLS3: TinySpec("gemma2", "classifier", "Gemma2ForSequenceClassification", 3, True),
-    TinyModel.GEMMA2_REWARD: TinySpec("gemma2", "classifier", "Gemma2ForSequenceClassification", 1, True),
-    TinyModel.MISTRAL_CLS3: TinySpec("mistral", "classifier", "MistralForSequenceClassification", 3, True),
-    TinyModel.QWEN3_CAUSAL: TinySpec("qwen3", "causal_lm", "Qwen3ForCausalLM", None, False),
-    TinyModel.LLAMA_CAUSAL: TinySpec("llama", "causal_lm", "LlamaForCausalLM", None, True),
-    TinyModel.BERT_CROSS: TinySpec("bert", "classifier", "BertForSequenceClassification", 1, True),
-    TinyModel.XLMR_CROSS: TinySpec("xlmr", "classifier", "XLMRobertaForSequenceClassification", 1, True),
-    TinyModel.BERT_EMBED: TinySpec("bert", "embedding", "BertModel", None, True),
+    TinyModel.QWEN3_CLS3: _spec("qwen3", "classifier", "Qwen3ForSequenceClassification", 3),
+    TinyModel.QWEN3_REWARD: _spec("qwen3", "classifier", "Qwen3ForSequenceClassification", 1),
+    TinyModel.QWEN2_CLS3: _spec("qwen2", "classifier", "Qwen2ForSequenceClassification", 3),
+    TinyModel.QWEN2_REWARD: _spec("qwen2", "classifier", "Qwen2ForSequenceClassification", 1),
+    TinyModel.LLAMA_CLS3: _spec("llama", "classifier", "LlamaForSequenceClassification", 3),
+    TinyModel.LLAMA_REWARD: _spec("llama", "classifier", "LlamaForSequenceClassification", 1),
+    TinyModel.GEMMA2_CLS3: _spec("gemma2", "classifier", "Gemma2ForSequenceClassification", 3),
+    TinyModel.GEMMA2_REWARD: _spec("gemma2", "classifier", "Gemma2ForSequenceClassification", 1),
+    TinyModel.MISTRAL_CLS3: _spec("mistral", "classifier", "MistralForSequenceClassification", 3),
+    TinyModel.QWEN3_CAUSAL: _spec("qwen3", "causal_lm", "Qwen3ForCausalLM"),
+    TinyModel.QWEN2_CAUSAL: _spec("qwen2", "causal_lm", "Qwen2ForCausalLM"),
+    TinyModel.LLAMA_CAUSAL: _spec("llama", "causal_lm", "LlamaForCausalLM"),
+    TinyModel.MISTRAL_CAUSAL: _spec("mistral", "causal_lm", "MistralForCausalLM"),
+    TinyModel.GEMMA2_CAUSAL: _spec("gemma2", "causal_lm", "Gemma2ForCausalLM"),
+    TinyModel.QWEN3_EMBED: _spec("qwen3", "embedding", "Qwen3Model", adds_eos=True, pooling="lasttoken"),
+    TinyModel.LLAMA_EOS_CLS3: _spec("llama", "classifier", "LlamaForSequenceClassification", 3, adds_eos=True),
+    TinyModel.BERT_CROSS: _spec("bert", "classifier", "BertForSequenceClassification", 1),
+    TinyModel.XLMR_CROSS: _spec("xlmr", "classifier", "XLMRobertaForSequenceClassification", 1),
+    TinyModel.ROBERTA_CROSS: _spec("roberta", "classifier", "RobertaForSequenceClassification", 2),
+    TinyModel.ELECTRA_CROSS: _spec("electra", "classifier", "ElectraForSequenceClassification", 1),
+    TinyModel.MODERNBERT_CROSS: _spec("modernbert", "classifier", "ModernBertForSequenceClassification", 1,
+                                      pooling="cls"),
+    TinyModel.MODERNBERT_CROSS_MEAN: _spec("modernbert", "classifier", "ModernBertForSequenceClassification", 2,
+                                           pooling="mean"),
+    TinyModel.DEBERTA_CROSS: _spec("deberta-v2", "classifier", "DebertaV2ForSequenceClassification", 1),
+    TinyModel.BERT_EMBED: _spec("bert", "embedding", "BertModel"),
+    TinyModel.XLMR_EMBED: _spec("xlmr", "embedding", "XLMRobertaModel", pooling="cls"),
+    TinyModel.ROBERTA_EMBED: _spec("roberta", "embedding", "RobertaModel"),
+    TinyModel.ELECTRA_EMBED: _spec("electra", "embedding", "ElectraModel"),
+    TinyModel.MODERNBERT_EMBED: _spec("modernbert", "embedding", "ModernBertModel"),
 }
 
 ALL_TINY_MODELS: list[TinyModel] = list(TinyModel)
 
 SEED = 1234
 INIT_RANGE = 0.2
-DECODER_MAX_POSITIONS = 2048
-BERT_MAX_POSITIONS = 512
 CLS3_LABELS = {0: "negative", 1: "neutral", 2: "positive"}
-
-# ChatML specials, in the order Qwen uses (ids 0, 1, 2 in the trained vocab).
-CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-CHATML_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-# transformers.models.qwen2.tokenization_qwen2.PRETOKENIZE_REGEX (Qwen2/2.5/3)
-QWEN_PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"""
-    r""" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
-# The BOS token each family's tokenizer prepends (None: adds nothing), spelled like the real tokenizers.
-DECODER_BOS = {"qwen3": None, "qwen2": None, "llama": "<|begin_of_text|>", "gemma2": "<bos>", "mistral": "<s>"}
-# Mistral's window is far below the longest test sequences, so sliding-window masking is really exercised.
+# Windows far below the longest test sequences, so sliding-window masking is really exercised: Mistral's causal
+# window, and ModernBERT's local layers (`local_attention` 8: each token sees 4 positions on either side).
 MISTRAL_SLIDING_WINDOW = 24
-
-
-def _corpus() -> list[str]:
-    """A fixed, varied corpus (~140 lines) so that the vocabularies cover everyday test strings in few tokens."""
-    subjects = ["Paris", "Berlin", "Sacramento", "Los Angeles", "the model", "a banana", "my dog", "the server"]
-    facts = [
-        "is the capital of France.",
-        "is a large city in California.",
-        "is the capital of California.",
-        "scores every item in the batch.",
-        "likes to run in the park.",
-        "is yellow and sweet.",
-        "answers yes or no.",
-        "returns a list of numbers.",
-    ]
-    questions = [
-        "What is the capital of France?",
-        "What is the capital of California?",
-        "Is this review positive or negative?",
-        "How many people live in Berlin?",
-        "How do I sort a list in Python?",
-        "Answer with yes or no:",
-        "I pledge allegiance to the flag.",
-        "The quick brown fox jumps over the lazy dog.",
-    ]
-    lines = [f"{s} {f}" for s in subjects for f in facts]
-    lines += [f"{q} {s.capitalize()} {f}" for q in questions for s, f in zip(subjects, facts, strict=True)]
-    lines += ["Yes", "No", "yes", "no", "true", "false", "0 1 2 3 4 5 6 7 8 9 10 100 1000", "Hello world!"]
-    lines += ["Ünïcödé, émojis 🙂 and ümlauts: straße, naïve, café.", "def f(x): return [x * 2 for x in range(10)]"]
-    return lines
-
-
-def _train_byte_bpe(bos: str | None) -> PreTrainedTokenizerBase:
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = CHATML_SPECIALS + ([bos] if bos else [])
-    backend = Tokenizer(models.BPE())
-    # Exactly the normalizer + pre-tokenizer that transformers' Qwen2Tokenizer builds: for model_type "qwen2"
-    # AutoTokenizer ignores tokenizer_class and rebuilds the tokenizer from vocab + merges, and the result must
-    # equal the saved tokenizer.json (a server may load that file directly with the `tokenizers` library).
-    backend.normalizer = normalizers.NFC()
-    backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(QWEN_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    backend.train_from_iterator(_corpus(), trainer)
-    # ByteLevel(trim_offsets=False) keeps offsets exact; the template adds BOS like Llama/Gemma tokenizers do.
-    byte_level = processors.ByteLevel(trim_offsets=False)
-    if bos:
-        template = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos}:1 $B:1", special_tokens=[(bos, backend.token_to_id(bos))]
-        )
-        backend.post_processor = processors.Sequence([byte_level, template])
-    else:
-        backend.post_processor = byte_level
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token=bos,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        model_max_length=DECODER_MAX_POSITIONS,
-    )
-    tok.chat_template = CHATML_TEMPLATE
-    return tok
-
-
-def _wordpiece_vocab(specials: list[str], normalizer: Any, pre_tokenizer: Any, size: int = 300) -> dict[str, int]:
-    """A WordPiece vocab built by hand: tokenizers' WordPieceTrainer orders the "##x" pieces by hash-set iteration,
-    so its ids change from run to run. Specials, then every corpus character alone and as a "##" continuation, then
-    the most frequent whole words (ties alphabetical) up to `size`."""
-    words: collections.Counter[str] = collections.Counter()
-    for line in _corpus():
-        words.update(word for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(line)))
-    chars = sorted({c for word in words for c in word})
-    tokens = specials + chars + [f"##{c}" for c in chars]
-    tokens += [w for w, _ in sorted(words.items(), key=lambda kv: (-kv[1], kv[0])) if len(w) > 1][: size - len(tokens)]
-    return {token: i for i, token in enumerate(tokens)}
-
-
-def _make_wordpiece(family: str) -> PreTrainedTokenizerBase:
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    if family == "bert":
-        cls, sep, pad, unk, mask = "[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]"
-        specials = [pad, unk, cls, sep, mask]
-    else:  # XLM-R spelling and ids: <s>=0, <pad>=1 (= padding_idx of the position embeddings), </s>=2, <unk>=3
-        cls, sep, pad, unk, mask = "<s>", "</s>", "<pad>", "<unk>", "<mask>"
-        specials = [cls, pad, sep, unk, mask]
-    normalizer = normalizers.BertNormalizer(lowercase=True)
-    pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    backend = Tokenizer(models.WordPiece(vocab=_wordpiece_vocab(specials, normalizer, pre_tokenizer), unk_token=unk))
-    backend.normalizer = normalizer
-    backend.pre_tokenizer = pre_tokenizer
-    backend.decoder = decoders.WordPiece()
-    ids = [(cls, backend.token_to_id(cls)), (sep, backend.token_to_id(sep))]
-    if family == "bert":
-        template = processors.TemplateProcessing(
-            single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1", special_tokens=ids
-        )
-        input_names = ["input_ids", "token_type_ids", "attention_mask"]
-    else:  # XLM-R has a single token type; its pair template doubles the separator
-        template = processors.TemplateProcessing(
-            single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} {sep} $B {sep}", special_tokens=ids
-        )
-        input_names = ["input_ids", "attention_mask"]
-    backend.post_processor = template
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token=cls if family == "xlmr" else None,
-        eos_token=sep if family == "xlmr" else None,
-        cls_token=cls,
-        sep_token=sep,
-        pad_token=pad,
-        unk_token=unk,
-        mask_token=mask,
-        model_input_names=input_names,
-        model_max_length=BERT_MAX_POSITIONS,
-    )
+MODERNBERT_LOCAL_ATTENTION = 8
 
 
 def _decoder_config(family: str, tok: PreTrainedTokenizerBase, num_labels: int | None) -> Any:
@@ -272,8 +187,8 @@ def _decoder_config(family: str, tok: PreTrainedTokenizerBase, num_labels: int |
     raise ValueError(f"unknown decoder family {family!r}")
 
 
-def _encoder_config(family: str, tok: PreTrainedTokenizerBase, num_labels: int | None) -> Any:
-    from transformers import BertConfig, XLMRobertaConfig
+def _encoder_config(spec: TinySpec, tok: PreTrainedTokenizerBase) -> Any:
+    import transformers
 
     common: dict[str, Any] = {
         "vocab_size": len(tok),
@@ -284,18 +199,34 @@ def _encoder_config(family: str, tok: PreTrainedTokenizerBase, num_labels: int |
         "initializer_range": INIT_RANGE,
         "pad_token_id": tok.pad_token_id,
     }
-    if num_labels is not None:
-        common["num_labels"] = num_labels
-    if family == "bert":
-        return BertConfig(max_position_embeddings=BERT_MAX_POSITIONS, type_vocab_size=2, **common)
-    # RoBERTa position ids start at padding_idx + 1 = 2, hence the +2.
-    return XLMRobertaConfig(
-        max_position_embeddings=BERT_MAX_POSITIONS + 2,
-        type_vocab_size=1,
-        bos_token_id=tok.cls_token_id,
-        eos_token_id=tok.sep_token_id,
-        **common,
-    )
+    if spec.num_labels is not None:
+        common["num_labels"] = spec.num_labels
+    family = spec.family
+    if family in ("bert", "electra"):
+        extra = {"embedding_size": 16} if family == "electra" else {}  # ELECTRA projects embeddings up
+        config = transformers.ElectraConfig if family == "electra" else transformers.BertConfig
+        return config(max_position_embeddings=ENCODER_MAX_POSITIONS, type_vocab_size=2, **extra, **common)
+    if family in ("xlmr", "roberta"):
+        # RoBERTa position ids start at padding_idx + 1 = 2, hence the +2.
+        config = transformers.XLMRobertaConfig if family == "xlmr" else transformers.RobertaConfig
+        return config(max_position_embeddings=ENCODER_MAX_POSITIONS + 2, type_vocab_size=1,
+                      bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id, **common)
+    if family == "modernbert":
+        # Global, local, global layers (ModernBERT alternates them); GLU MLP; rotary positions; no token types.
+        return transformers.ModernBertConfig(
+            num_hidden_layers=3, layer_types=["full_attention", "sliding_attention", "full_attention"],
+            local_attention=MODERNBERT_LOCAL_ATTENTION, max_position_embeddings=ENCODER_MAX_POSITIONS,
+            classifier_pooling=spec.pooling if spec.kind == "classifier" else "cls",
+            cls_token_id=tok.cls_token_id, sep_token_id=tok.sep_token_id, bos_token_id=tok.cls_token_id,
+            eos_token_id=tok.sep_token_id, **{k: v for k, v in common.items() if k != "num_hidden_layers"})
+    if family == "deberta-v2":
+        # DeBERTa-v3's shape: relative attention only (no absolute positions, no token types), log-bucketed
+        # relative positions (8 buckets, so test sequences cross bucket boundaries), shared attention keys.
+        return transformers.DebertaV2Config(
+            max_position_embeddings=ENCODER_MAX_POSITIONS, relative_attention=True, position_buckets=8,
+            max_relative_positions=-1, pos_att_type=["p2c", "c2p"], position_biased_input=False, type_vocab_size=0,
+            norm_rel_ebd="layer_norm", share_att_key=True, pooler_hidden_size=32, pooler_hidden_act="gelu", **common)
+    raise ValueError(f"unknown encoder family {family!r}")
 
 
 def _make_model(spec: TinySpec, config: Any) -> PreTrainedModel:
@@ -306,44 +237,48 @@ def _make_model(spec: TinySpec, config: Any) -> PreTrainedModel:
     return model.eval()
 
 
-def _write_sentence_transformers_files(out: Path, dim: int) -> None:
-    """The files that make sentence-transformers (and our server) treat a BertModel dir as a mean-pooling bi-encoder."""
+_POOLING_KEYS = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens",
+                 "lasttoken": "pooling_mode_lasttoken"}
+
+
+def _write_sentence_transformers_files(out: Path, dim: int, pooling: str) -> None:
+    """The files that make sentence-transformers (and our server) treat a *Model dir as a bi-encoder."""
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
     ]
-    pooling = {
-        "word_embedding_dimension": dim,
-        "pooling_mode_cls_token": False,
-        "pooling_mode_mean_tokens": True,
-        "pooling_mode_max_tokens": False,
-        "pooling_mode_mean_sqrt_len_tokens": False,
-    }
+    settings = {"word_embedding_dimension": dim, "pooling_mode_max_tokens": False,
+                "pooling_mode_mean_sqrt_len_tokens": False}
+    settings |= {key: name == pooling for name, key in _POOLING_KEYS.items()}
     (out / "modules.json").write_text(json.dumps(modules, indent=2))
     (out / "1_Pooling").mkdir()
-    (out / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2))
+    (out / "1_Pooling" / "config.json").write_text(json.dumps(settings, indent=2))
     (out / "sentence_bert_config.json").write_text(
-        json.dumps({"max_seq_length": BERT_MAX_POSITIONS, "do_lower_case": False})
+        json.dumps({"max_seq_length": ENCODER_MAX_POSITIONS, "do_lower_case": False})
     )
+
+
+def tokenizer_for(spec: TinySpec) -> PreTrainedTokenizerBase:
+    if spec.family == "modernbert":
+        return tiny_tokenizers.modernbert_bpe()
+    if spec.encoder:
+        return tiny_tokenizers.wordpiece(roberta_style=spec.family in ("xlmr", "roberta"))
+    return tiny_tokenizers.byte_bpe(DECODER_BOS[spec.family], eos=spec.adds_eos)
 
 
 def _save(name: TinyModel, out: Path) -> None:
     import torch
 
     spec = SPECS[name]
-    if spec.family in DECODER_BOS:
-        tok = _train_byte_bpe(DECODER_BOS[spec.family])
-        config = _decoder_config(spec.family, tok, spec.num_labels)
-    else:
-        tok = _make_wordpiece(spec.family)
-        config = _encoder_config(spec.family, tok, spec.num_labels)
+    tok = tokenizer_for(spec)
+    config = _encoder_config(spec, tok) if spec.encoder else _decoder_config(spec.family, tok, spec.num_labels)
     # A seed derived from the name (not the list position), so adding a model never changes the others' weights.
     torch.manual_seed(SEED + zlib.crc32(name.value.encode()))
     model = _make_model(spec, config)
     model.save_pretrained(out)
     tok.save_pretrained(out)
     if spec.kind == "embedding":
-        _write_sentence_transformers_files(out, config.hidden_size)
+        _write_sentence_transformers_files(out, config.hidden_size, spec.pooling)
 
 
 def build(name: TinyModel | str, out_dir: Path | str) -> Path:

@@ -13,6 +13,10 @@ if TYPE_CHECKING:  # spec.py imports RESERVED_FLAGS from here
 
 WORKER_COMMAND = "scorekeeper-worker"
 WORKER_PORT = 8000
+METRICS_PORT = 9090  # the worker's --metrics-port: /metrics alone, so scrapes need no API key
+API_KEY_DIR = "/etc/scorekeeper-auth"  # spec.auth.apiKeySecretRef, mounted read-only (a directory: updates propagate)
+API_KEY_FILE = "keys"
+API_KEY_PATH = f"{API_KEY_DIR}/{API_KEY_FILE}"
 MODEL_MOUNT = "/models"
 CONFIG_DIR = "/etc/scorekeeper"
 CONFIG_FILE = "worker.yaml"
@@ -26,19 +30,27 @@ RESERVED_FLAGS: tuple[str, ...] = (
     "--max-items-per-request", "--pooled-hidden-states",
     "--multi-item-scoring", "--no-multi-item-scoring", "--multi-item-scoring-delimiter",
     "--cuda-graph", "--no-cuda-graph", "--cuda-graph-token-buckets", "--cuda-graph-max-tokens",
-    "--cuda-graph-max-seqs", "--drain-timeout-seconds",
+    "--cuda-graph-max-seqs", "--drain-timeout-seconds", "--metrics-port", "--api-key-file",
 )
 
 
-def model_path(uri: str) -> str:
-    """Where the worker finds the weights: pvc://claim/sub → /models/sub, hf://org/name → /models/org/name
-    (downloaded there by the init container), file:///path → /path."""
+def hf_snapshot_dir(repo: str, commit: str) -> str:
+    """Where the init container puts one commit of a repository (in the cache PVC or the download emptyDir)."""
+    return f"{MODEL_MOUNT}/{repo}/{commit}"
+
+
+def model_path(uri: str, commit: str | None = None) -> str:
+    """Where the worker finds the weights: pvc://claim/sub → /models/sub, hf://org/name → /models/org/name/COMMIT
+    (downloaded there by the init container; hf://org/name/f.gguf → that file inside it), file:///path → /path."""
     scheme, rest = uri.split("://", 1)
     if scheme == "pvc":
         _claim, _, sub = rest.partition("/")
         return f"{MODEL_MOUNT}/{sub}".rstrip("/") if sub else MODEL_MOUNT
     if scheme == "hf":
-        return f"{MODEL_MOUNT}/{rest}"
+        if commit is None:
+            raise ValueError(f"{uri}: the revision is not resolved to a commit yet")
+        org, name, *file = rest.split("/", 2)
+        return "/".join([hf_snapshot_dir(f"{org}/{name}", commit), *file])
     return rest  # file:///path → "/path"
 
 
@@ -47,7 +59,7 @@ def worker_config(model: ScoringModel) -> dict[str, Any]:
     spec = model.spec
     mis = spec.scoring.multi_item
     config: dict[str, Any] = {
-        "model": model_path(spec.model.uri),
+        "model": model_path(spec.model.uri, model.hf_commit),
         "served_name": model.served_name,
         "dtype": spec.model.dtype.value,
         "device": "cuda" if spec.uses_gpu else "cpu",
@@ -64,9 +76,12 @@ def worker_config(model: ScoringModel) -> dict[str, Any]:
         "cuda_graph_max_tokens": spec.cuda_graph.max_tokens,
         "cuda_graph_max_seqs": spec.cuda_graph.max_sequences,
         "drain_timeout_seconds": spec.rollout.drain_seconds,
+        "metrics_port": METRICS_PORT,
     }
     if mis.delimiter_token_id is not None:
         config["multi_item_scoring_delimiter"] = mis.delimiter_token_id
+    if spec.auth.api_key_secret_ref is not None:
+        config["api_key_file"] = API_KEY_PATH
     if spec.scoring.request_timeout_seconds is not None:
         config["request_timeout_seconds"] = spec.scoring.request_timeout_seconds
     return config

@@ -23,7 +23,8 @@ INSTANCE_LABEL = "app.kubernetes.io/instance"
 WATCHED_CHILDREN = (
     ("", "v1", "configmaps"), ("", "v1", "services"), ("apps", "v1", "deployments"),
     ("policy", "v1", "poddisruptionbudgets"), ("autoscaling", "v2", "horizontalpodautoscalers"),
-    ("monitoring.coreos.com", "v1", "servicemonitors"), ("", "v1", "pods"),
+    ("monitoring.coreos.com", "v1", "servicemonitors"), ("networking.k8s.io", "v1", "networkpolicies"),
+    ("keda.sh", "v1alpha1", "scaledobjects"), ("", "v1", "pods"),
 )
 
 

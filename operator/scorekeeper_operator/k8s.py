@@ -49,6 +49,8 @@ CHILD_KINDS: dict[str, ResourceRef] = {
     "PodDisruptionBudget": ResourceRef("policy/v1", "poddisruptionbudgets"),
     "HorizontalPodAutoscaler": ResourceRef("autoscaling/v2", "horizontalpodautoscalers"),
     "ServiceMonitor": ResourceRef("monitoring.coreos.com/v1", "servicemonitors"),
+    "NetworkPolicy": ResourceRef("networking.k8s.io/v1", "networkpolicies"),
+    "ScaledObject": ResourceRef("keda.sh/v1alpha1", "scaledobjects"),
 }
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import kopf
 
+from scorekeeper_operator import metrics
 from scorekeeper_operator.settings import OperatorSettings
 
 
@@ -25,6 +26,8 @@ def run_options(settings: OperatorSettings) -> dict[str, Any]:
 
 def main() -> None:
     settings = OperatorSettings.from_env()
+    if settings.metrics_port:
+        metrics.serve(settings.metrics_port)
     kopf.configure(verbose=os.environ.get("SCOREKEEPER_LOG_LEVEL", "").lower() == "debug")
     from scorekeeper_operator import handlers  # noqa: F401  (registers the handlers with kopf)
 

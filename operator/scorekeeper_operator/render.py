@@ -10,16 +10,19 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from scorekeeper_operator import flags, render_children, render_pod
+from scorekeeper_operator import flags, render_children, render_optional, render_pod
 from scorekeeper_operator.settings import OperatorSettings
-from scorekeeper_operator.spec import RolloutStrategy, ScoringModel
+from scorekeeper_operator.spec import AutoscalerProvider, RolloutStrategy, ScoringModel
 
 API_VERSION = "scorekeeper.dev/v1alpha1"
 KIND = "ScoringModel"
 MANAGED_BY = "scorekeeper-operator"
 CONFIG_HASH_ANNOTATION = "scorekeeper.dev/config-hash"
+# On the Deployment (not its pods): the operator's default worker image it runs, when spec.image is empty. A new
+# default then rolls out gradually (image_rollout.py); an image the spec names never changes with the default.
+DEFAULT_IMAGE_ANNOTATION = "scorekeeper.dev/default-worker-image"
 # Kinds that exist only for some specs; when a spec stops wanting one, the reconciler deletes it.
-OPTIONAL_KINDS = ("PodDisruptionBudget", "HorizontalPodAutoscaler", "ServiceMonitor")
+OPTIONAL_KINDS = ("PodDisruptionBudget", "HorizontalPodAutoscaler", "ServiceMonitor", "NetworkPolicy", "ScaledObject")
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,7 @@ class Rendered:
     manifests: list[dict[str, Any]]
     config_hash: str
     worker_args: list[str]
+    worker_image: str
 
     def get(self, kind: str) -> dict[str, Any] | None:
         return next((m for m in self.manifests if m["kind"] == kind), None)
@@ -94,8 +98,13 @@ def deployment(model: ScoringModel, meta: dict[str, Any], template: dict[str, An
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": spec}
 
 
-def render(model: ScoringModel, settings: OperatorSettings, *, service_monitor_api: bool) -> Rendered:
-    """Every child this ScoringModel should have right now, in apply order (ConfigMap before the pods need it)."""
+def render(model: ScoringModel, settings: OperatorSettings, *, service_monitor_api: bool, keda_api: bool = False,
+           worker_image: str | None = None) -> Rendered:
+    """Every child this ScoringModel should have right now, in apply order (ConfigMap before the pods need it).
+
+    `worker_image`: the default image this model may run now (image_rollout.py holds a new default back while the
+    rollout budget is used up); None: spec.image, else the operator's default.
+    """
     labels = common_labels(model.name)
 
     def meta() -> dict[str, Any]:
@@ -103,15 +112,27 @@ def render(model: ScoringModel, settings: OperatorSettings, *, service_monitor_a
                 "ownerReferences": [owner_reference(model)]}
 
     selector = selector_labels(model.name)
+    image = model.spec.image or worker_image or settings.worker_image
     configmap = render_children.configmap(model, meta())
-    template = render_pod.pod_template(model, settings, dict(labels))
+    template = render_pod.pod_template(model, settings, dict(labels), selector, image)
     config_hash = _config_hash(template, configmap)
-    template["metadata"]["annotations"] = {CONFIG_HASH_ANNOTATION: config_hash}
-    manifests = [configmap, render_children.service(meta(), selector), deployment(model, meta(), template)]
+    template["metadata"]["annotations"] = {**template["metadata"].get("annotations", {}),
+                                           CONFIG_HASH_ANNOTATION: config_hash}
+    deployment_meta = meta()
+    if not model.spec.image:
+        deployment_meta["annotations"] = {DEFAULT_IMAGE_ANNOTATION: image}
+    service = render_children.service(meta(), selector)
+    manifests = [configmap, service, deployment(model, deployment_meta, template)]
     if _wants_pdb(model):
         manifests.append(render_children.pod_disruption_budget(meta(), selector))
-    if model.spec.autoscaling.enabled:
+    scaling = model.spec.autoscaling
+    if scaling.enabled and scaling.provider is AutoscalerProvider.HPA:
         manifests.append(render_children.horizontal_pod_autoscaler(model, meta()))
+    if scaling.enabled and scaling.provider is AutoscalerProvider.KEDA and keda_api:
+        manifests.append(render_optional.scaled_object(model, meta()))
     if model.spec.monitoring.service_monitor and service_monitor_api:
         manifests.append(render_children.service_monitor(model, meta(), selector))
-    return Rendered(manifests=manifests, config_hash=config_hash, worker_args=flags.worker_args(model))
+    if model.spec.network_policy.enabled:
+        manifests.append(render_optional.network_policy(model, meta(), selector, service))
+    return Rendered(manifests=manifests, config_hash=config_hash, worker_args=flags.worker_args(model),
+                    worker_image=image)

@@ -9,9 +9,15 @@ import yaml
 from scorekeeper_operator import flags
 from scorekeeper_operator.spec import ScoringModel
 
-METRICS_PORT = 9090
 # Exposed by the worker as a gauge; the Prometheus adapter must serve it as a Pods metric for the HPA.
 QUEUE_METRIC = "scorekeeper_queue_depth"
+
+
+def scaling_behavior() -> dict[str, Any]:
+    """Scale up at once (queues grow fast); scale down slowly, since a new pod pays a full model load (HPA, KEDA)."""
+    return {"scaleUp": {"stabilizationWindowSeconds": 0},
+            "scaleDown": {"stabilizationWindowSeconds": 300,
+                          "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}]}}
 
 
 def configmap(model: ScoringModel, meta: dict[str, Any]) -> dict[str, Any]:
@@ -20,7 +26,8 @@ def configmap(model: ScoringModel, meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def service(meta: dict[str, Any], selector: dict[str, str]) -> dict[str, Any]:
-    # Both ports reach the worker's single HTTP port; the named `metrics` port is what a ServiceMonitor selects.
+    # `metrics` reaches the worker's --metrics-port, which serves /metrics alone (no API key, nothing else exposed);
+    # it is the port a ServiceMonitor selects.
     return {
         "apiVersion": "v1", "kind": "Service", "metadata": meta,
         "spec": {
@@ -28,7 +35,7 @@ def service(meta: dict[str, Any], selector: dict[str, str]) -> dict[str, Any]:
             "selector": selector,
             "ports": [
                 {"name": "http", "port": flags.WORKER_PORT, "targetPort": "http", "protocol": "TCP"},
-                {"name": "metrics", "port": METRICS_PORT, "targetPort": "http", "protocol": "TCP"},
+                {"name": "metrics", "port": flags.METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
             ],
         },
     }
@@ -53,12 +60,7 @@ def horizontal_pod_autoscaler(model: ScoringModel, meta: dict[str, Any]) -> dict
                 "pods": {"metric": {"name": QUEUE_METRIC},
                          "target": {"type": "AverageValue", "averageValue": str(scaling.target)}},
             }],
-            # Scale up at once (queues grow fast); scale down slowly, since a new pod pays a full model load.
-            "behavior": {
-                "scaleUp": {"stabilizationWindowSeconds": 0},
-                "scaleDown": {"stabilizationWindowSeconds": 300,
-                              "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}]},
-            },
+            "behavior": scaling_behavior(),
         },
     }
 

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 DEFAULT_WORKER_IMAGE = "ghcr.io/scorekeeper/scorekeeper-worker:0.1.0"
 DEFAULT_LIVENESS_ENDPOINT = "http://0.0.0.0:8080/healthz"
+DEFAULT_HF_ENDPOINT = "https://huggingface.co"
 
 
 class OperatorSettings(BaseModel):
@@ -21,9 +22,18 @@ class OperatorSettings(BaseModel):
     # Transient API errors are retried after base * 2**attempt seconds, capped.
     retry_base_seconds: float = Field(2.0, gt=0)
     retry_max_seconds: float = Field(300.0, gt=0)
-    # Air-gapped clusters set this to false: hf:// models then get ConfigValid=False instead of a failing download.
+    # Air-gapped clusters set this to false: hf:// models then need a pinned commit and a model.cache PVC that
+    # already holds it (the init container only checks the cache); anything else gets ConfigValid=False.
     allow_hf_download: bool = True
     request_timeout_seconds: float = Field(30.0, gt=0)
+    # The Hub (or an in-house mirror) the operator resolves revisions with and the init containers download from.
+    hf_endpoint: str = Field(DEFAULT_HF_ENDPOINT, pattern=r"^https?://")
+    # The operator's own token for resolving revisions of private or gated repositories (never given to pods).
+    hf_token: str | None = Field(None, repr=False)
+    # A new default worker image rolls out to this many ScoringModels at a time (each until its pods are ready).
+    max_concurrent_upgrades: int = Field(1, ge=1, le=1000)
+    # Port of the operator's Prometheus /metrics; 0: not served.
+    metrics_port: int = Field(0, ge=0, le=65535)
 
     def retry_delay(self, attempt: int) -> float:
         return float(min(self.retry_max_seconds, self.retry_base_seconds * 2 ** min(attempt, 20)))
@@ -44,4 +54,12 @@ class OperatorSettings(BaseModel):
             values["retry_max_seconds"] = float(cap)
         if allow := env.get("SCOREKEEPER_ALLOW_HF_DOWNLOAD"):
             values["allow_hf_download"] = allow.strip().lower() in {"1", "true", "yes"}
+        if endpoint := env.get("SCOREKEEPER_HF_ENDPOINT"):
+            values["hf_endpoint"] = endpoint.rstrip("/")
+        if token := env.get("SCOREKEEPER_HF_TOKEN", "").strip():
+            values["hf_token"] = token
+        if upgrades := env.get("SCOREKEEPER_MAX_CONCURRENT_UPGRADES"):
+            values["max_concurrent_upgrades"] = int(upgrades)
+        if metrics := env.get("SCOREKEEPER_METRICS_PORT"):
+            values["metrics_port"] = int(metrics)
         return cls.model_validate(values)

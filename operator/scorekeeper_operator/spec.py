@@ -13,29 +13,31 @@ from enum import StrEnum
 from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic.alias_generators import to_camel
 
 from scorekeeper_operator.flags import RESERVED_FLAGS
+from scorekeeper_operator.spec_base import Spec
+from scorekeeper_operator.spec_pod import NetworkPolicy, PodOptions
 
 _QUANTITY = r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?|[eE][0-9]+|m)?$"
 _URI = re.compile(r"^(?P<scheme>pvc|hf|file)://(?P<rest>.+)$")
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+# hf://org/name, or hf://org/name/path/file.gguf for one GGUF file of a repository that holds several
+_HF_PATH = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*(/[^/].*\.gguf)?$")
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+DEFAULT_DOWNLOAD_SIZE_LIMIT = "20Gi"
+GPU_COUNT_MESSAGE = ("resources.gpu.count must be 0 or 1: a worker runs its model on one GPU, so every further GPU"
+                     " would be reserved and idle; scale out with replicas (one GPU each) instead")
 
 
 class InvalidSpec(ValueError):
     """The object cannot be served as written; the message names the field and becomes ConfigValid=False."""
 
 
-class Spec(BaseModel):
-    """Base for spec sections: camelCase on the wire, unknown fields rejected, immutable."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
-
-
 class DType(StrEnum):
     AUTO = "auto"
     FLOAT32 = "float32"
     BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"  # GPUs without bfloat16 (T4, V100)
 
 
 class RolloutStrategy(StrEnum):
@@ -48,16 +50,59 @@ class SecretKeyRef(Spec):
     key: str = Field("token", min_length=1, max_length=253)
 
 
+class ModelCache(Spec):
+    claim_name: str = Field(min_length=1, max_length=253)
+
+
+class ApiKeySecretRef(Spec):
+    name: str = Field(min_length=1, max_length=253)
+    key: str = Field("keys", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+
+
+class Auth(Spec):
+    api_key_secret_ref: ApiKeySecretRef | None = None  # mounted read-only; the worker gets --api-key-file
+
+
 class ModelSource(Spec):
     uri: str = Field(max_length=1024)
     revision: str | None = Field(None, max_length=128)
     served_name: str | None = Field(None, min_length=1, max_length=253)
     dtype: DType = DType.AUTO
     token_secret_ref: SecretKeyRef | None = None
+    cache: ModelCache | None = None  # hf:// only: a PVC shared by pods and restarts, keyed by repository and commit
+    download_size_limit: str | None = Field(None, pattern=_QUANTITY)  # hf:// only; None: 20Gi
+
+    @model_validator(mode="before")
+    @classmethod
+    def _size_as_string(cls, data: Any) -> Any:
+        # int-or-string in the CRD, like every quantity
+        if isinstance(data, dict) and isinstance(data.get("downloadSizeLimit"), int):
+            return {**data, "downloadSizeLimit": str(data["downloadSizeLimit"])}
+        return data
 
     @property
     def scheme(self) -> str:
         return self.uri.split("://", 1)[0]
+
+    @property
+    def hf_repo(self) -> str:
+        """org/name of an hf:// URI."""
+        return "/".join(self.uri.removeprefix("hf://").split("/")[:2])
+
+    @property
+    def hf_file(self) -> str | None:
+        """The one file of hf://org/name/file.gguf; None: the model directory (config, tokenizer, safetensors)."""
+        rest = self.uri.removeprefix("hf://").split("/", 2)
+        return rest[2] if len(rest) == 3 else None
+
+    @property
+    def pinned_commit(self) -> str | None:
+        """A revision written as a 40-hex commit needs no resolving (and no Hub access from the operator)."""
+        return self.revision if self.revision is not None and COMMIT.match(self.revision) else None
+
+    @property
+    def size_limit(self) -> str:
+        return self.download_size_limit or DEFAULT_DOWNLOAD_SIZE_LIMIT
 
     @model_validator(mode="after")
     def _check_uri(self) -> Self:
@@ -67,10 +112,11 @@ class ModelSource(Spec):
         rest = match["rest"]
         if match["scheme"] == "file" and not rest.startswith("/"):
             raise ValueError("file:// URIs must be absolute: file:///path")
-        if match["scheme"] == "hf" and rest.count("/") != 1:
-            raise ValueError("hf:// URIs must name a repository: hf://org/name")
-        if match["scheme"] != "hf" and (self.revision is not None or self.token_secret_ref is not None):
-            raise ValueError("model.revision and model.tokenSecretRef apply only to hf:// models")
+        if match["scheme"] == "hf" and not _HF_PATH.match(rest):
+            raise ValueError("hf:// URIs must name a repository: hf://org/name (or hf://org/name/file.gguf)")
+        hf_only = (self.revision, self.token_secret_ref, self.cache, self.download_size_limit)
+        if match["scheme"] != "hf" and any(v is not None for v in hf_only):
+            raise ValueError("model.revision, tokenSecretRef, cache and downloadSizeLimit apply only to hf:// models")
         return self
 
 
@@ -120,6 +166,12 @@ class Gpu(Spec):
     count: int = Field(0, ge=0, le=16)
     resource_name: str = Field("nvidia.com/gpu", max_length=253)
 
+    @model_validator(mode="after")
+    def _one_device(self) -> Self:
+        if self.count > 1:
+            raise ValueError(GPU_COUNT_MESSAGE)
+        return self
+
 
 class Resources(Spec):
     gpu: Gpu = Gpu()
@@ -135,17 +187,30 @@ class Resources(Spec):
         return data
 
 
+class AutoscalerProvider(StrEnum):
+    HPA = "HPA"  # a HorizontalPodAutoscaler on the Pods metric (needs a Prometheus adapter)
+    KEDA = "KEDA"  # a KEDA ScaledObject with a Prometheus trigger (needs KEDA)
+
+
 class Autoscaling(Spec):
     enabled: bool = False
     min_replicas: int = Field(1, ge=1, le=1000)
     max_replicas: int = Field(4, ge=1, le=1000)
     metric: str = Field("queueDepth", pattern="^queueDepth$")
     target: int = Field(16, ge=1, le=1_000_000)
+    provider: AutoscalerProvider = AutoscalerProvider.HPA
+    prometheus_address: str | None = Field(None, max_length=512, pattern=r"^https?://")
+    prometheus_query: str | None = Field(None, min_length=1, max_length=2048)
 
     @model_validator(mode="after")
     def _bounds(self) -> Self:
         if self.min_replicas > self.max_replicas:
             raise ValueError("autoscaling.minReplicas must not exceed autoscaling.maxReplicas")
+        keda = self.provider is AutoscalerProvider.KEDA
+        if keda and self.prometheus_address is None:
+            raise ValueError("autoscaling.provider KEDA needs autoscaling.prometheusAddress")
+        if not keda and (self.prometheus_address is not None or self.prometheus_query is not None):
+            raise ValueError("autoscaling.prometheusAddress and prometheusQuery apply only to provider KEDA")
         return self
 
 
@@ -153,6 +218,8 @@ class Rollout(Spec):
     strategy: RolloutStrategy | None = None  # None: resolved from GPU count and replicas
     max_startup_seconds: int = Field(1800, ge=30, le=86400)
     drain_seconds: int = Field(30, ge=0, le=3600)
+    # preStop pause before SIGTERM: endpoints, kube-proxy and load balancers stop sending to the pod meanwhile.
+    pre_stop_seconds: int = Field(5, ge=0, le=300)
 
 
 class Scheduling(Spec):
@@ -188,6 +255,9 @@ class ScoringModelSpec(Spec):
     image: str = Field("", max_length=512)
     extra_args: tuple[str, ...] = Field((), max_length=32)
     monitoring: Monitoring = Monitoring()
+    pod: PodOptions = PodOptions()
+    network_policy: NetworkPolicy = NetworkPolicy()
+    auth: Auth = Auth()
 
     @model_validator(mode="after")
     def _extra_args(self) -> Self:
@@ -225,10 +295,25 @@ class ScoringModel(BaseModel):
     uid: str
     generation: int
     spec: ScoringModelSpec
+    # The commit an hf:// revision resolved to, as recorded in status.model (None: not resolved yet, or not hf://).
+    resolved_revision: str | None = None
 
     @property
     def served_name(self) -> str:
         return self.spec.model.served_name or self.name
+
+    @property
+    def hf_commit(self) -> str | None:
+        """The commit every replica of an hf:// model downloads: the pinned revision, else the resolved one."""
+        return self.spec.model.pinned_commit or self.resolved_revision
+
+    def model_status(self) -> dict[str, str] | None:
+        """status.model: which revision was resolved to which commit (hf:// only, once known)."""
+        source = self.spec.model
+        if source.scheme != "hf" or self.hf_commit is None:
+            return None
+        revision = {"revision": source.revision} if source.revision is not None else {}
+        return {"uri": source.uri, **revision, "resolvedRevision": self.hf_commit}
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> ScoringModel:
@@ -241,8 +326,13 @@ class ScoringModel(BaseModel):
             spec = ScoringModelSpec.model_validate(body.get("spec") or {})
         except ValidationError as error:
             raise InvalidSpec("; ".join(_describe(e) for e in error.errors())) from None
+        # A resolution is kept only while uri and revision are the ones it was made for.
+        recorded = (body.get("status") or {}).get("model") or {}
+        same = (recorded.get("uri"), recorded.get("revision")) == (spec.model.uri, spec.model.revision)
+        resolved = recorded.get("resolvedRevision") if same and COMMIT.match(recorded.get("resolvedRevision") or "") \
+            else None
         return cls(name=name, namespace=meta.get("namespace", ""), uid=meta.get("uid", ""),
-                   generation=int(meta.get("generation") or 0), spec=spec)
+                   generation=int(meta.get("generation") or 0), spec=spec, resolved_revision=resolved)
 
 
 def _describe(error: Any) -> str:

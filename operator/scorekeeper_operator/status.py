@@ -31,6 +31,8 @@ class Desired:
     rendered: Rendered | None
     fixed_replicas: int | None  # None: the HPA decides
     config_error: ConfigError | None = None
+    model_source: dict[str, str] | None = None  # status.model: the hf:// revision and the commit it resolved to
+    pending_image: str | None = None  # a newer default worker image this model waits to roll out
 
 
 @dataclass(frozen=True)
@@ -153,8 +155,13 @@ def compute_status(desired: Desired, observed: Observed, previous: dict[str, Any
     if desired.rendered is not None:
         status["configHash"] = desired.rendered.config_hash
         status["workerArgs"] = desired.rendered.worker_args
-    elif previous.get("workerArgs"):
-        status["workerArgs"] = previous["workerArgs"]  # what the pods still run
+        status["workerImage"] = desired.rendered.worker_image
+    else:  # what the pods still run
+        status.update({k: previous[k] for k in ("workerArgs", "workerImage") if previous.get(k)})
+    if desired.model_source:
+        status["model"] = desired.model_source
+    if desired.pending_image:
+        status["pendingWorkerImage"] = desired.pending_image
     failure = last_failure([f for f in failures if f.pod], previous.get("lastFailure"))
     if failure is not None:
         status["lastFailure"] = failure if failure.get("time") else {**failure, "time": now}

@@ -32,7 +32,11 @@ VALUES: dict[str, dict[str, Any]] = {
         "imagePullSecrets": [{"name": "regcred"}],
         "operator": {"watchNamespaces": ["ml", "ml-staging"], "logLevel": "debug", "allowHfDownload": False,
                      "retry": {"baseSeconds": 0.5, "maxSeconds": 60}, "healthPort": 8181,
-                     "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy.example.com:3128"}]},
+                     "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy.example.com:3128"}],
+                     "huggingFace": {"endpoint": "https://hf-mirror.example.com",
+                                     "tokenSecret": {"name": "hub-token", "key": "hf"}},
+                     "maxConcurrentUpgrades": 3, "metricsPort": 9191},
+        "networkPolicy": {"enabled": True, "monitoringNamespace": "observability"},
         "crds": {"keep": False, "annotations": {"example.com/owner": "ml-platform"}},
         "serviceAccount": {"name": "scorekeeper", "annotations": {"example.com/role": "scorekeeper"}},
         "podAnnotations": {"example.com/scrape": "false"},
@@ -45,7 +49,7 @@ VALUES: dict[str, dict[str, Any]] = {
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64", "arm64"]}]}]}}},
         "priorityClassName": "system-cluster-critical",
-        "serviceMonitor": {"enabled": True, "port": 9191, "interval": "15s", "scrapeTimeout": "5s",
+        "serviceMonitor": {"enabled": True, "interval": "15s", "scrapeTimeout": "5s",
                            "labels": {"release": "kube-prometheus-stack"}},
         "grafanaDashboard": {"enabled": True, "namespace": "monitoring", "annotations": {"grafana_folder": "ML"}},
         "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
@@ -86,6 +90,13 @@ class Rendered:
     @property
     def env(self) -> dict[str, str]:
         return {e["name"]: e.get("value", "") for e in self.container.get("env", [])}
+
+    @property
+    def operator_cluster_role(self) -> dict[str, Any]:
+        """The ClusterRole bound to the operator (the aggregated roles for people are ClusterRoles too)."""
+        bound = self.one("ClusterRoleBinding")["roleRef"]["name"]
+        (role,) = [r for r in self.of_kind("ClusterRole") if r["metadata"]["name"] == bound]
+        return role
 
 
 @functools.cache

@@ -97,7 +97,8 @@ def test_every_kind_the_chart_can_render_was_validated() -> None:
     """The values sets together reach every template (an untested template would escape validation)."""
     kinds = {m["kind"] for name in VALUES for m in render(VALUES[name]).manifests}
     assert kinds == {"CustomResourceDefinition", "Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-                     "Role", "RoleBinding", "Service", "ServiceMonitor", "ConfigMap", "PrometheusRule"}
+                     "Role", "RoleBinding", "Service", "ServiceMonitor", "ConfigMap", "PrometheusRule",
+                     "NetworkPolicy"}
     templates = {f"{CHART.name}/templates/{path.name}" for path in (CHART / "templates").glob("*.yaml")}
     rendered_something = {t for name in VALUES for t, text in render(VALUES[name]).templates.items() if text.strip()}
     assert templates and templates <= rendered_something, templates - rendered_something

@@ -69,7 +69,10 @@ def test_optional_objects_follow_their_flags(values_name: str, rendered: Rendere
     assert kinds["Deployment"] == 1
     assert kinds["CustomResourceDefinition"] == (1 if values["crds"]["install"] else 0)
     assert kinds["ServiceAccount"] == (1 if values["serviceAccount"]["create"] else 0)
-    assert kinds["ClusterRole"] == kinds["ClusterRoleBinding"] == (1 if values["rbac"]["create"] else 0)
+    assert kinds["ClusterRoleBinding"] == (1 if values["rbac"]["create"] else 0)
+    aggregated = 2 if values["rbac"]["create"] and values["rbac"]["aggregateToDefaultRoles"] else 0
+    assert kinds["ClusterRole"] == kinds["ClusterRoleBinding"] + aggregated
+    assert kinds["NetworkPolicy"] == (1 if values["networkPolicy"]["enabled"] else 0)
     namespaces = values["operator"]["watchNamespaces"] if values["rbac"]["create"] else []
     assert sorted(r["metadata"]["namespace"] for r in rendered.of_kind("Role")) == sorted(namespaces)
     assert sorted(r["metadata"]["namespace"] for r in rendered.of_kind("RoleBinding")) == sorted(namespaces)
@@ -138,6 +141,9 @@ def test_rendered_env_is_what_the_operator_parses(values_name: str, rendered: Re
     assert parsed.allow_hf_download is values["operator"]["allowHfDownload"]
     assert parsed.retry_base_seconds == values["operator"]["retry"]["baseSeconds"]
     assert parsed.retry_max_seconds == values["operator"]["retry"]["maxSeconds"]
+    assert parsed.hf_endpoint == values["operator"]["huggingFace"]["endpoint"]
+    assert parsed.max_concurrent_upgrades == values["operator"]["maxConcurrentUpgrades"]
+    assert parsed.metrics_port == values["operator"]["metricsPort"]
     assert urlsplit(parsed.liveness_endpoint).port == values["operator"]["healthPort"]
     assert rendered.env["SCOREKEEPER_LOG_LEVEL"] == values["operator"]["logLevel"]
 
@@ -175,8 +181,11 @@ def test_service_account_is_the_one_bound_and_used(values_name: str, rendered: R
         assert name == "preexisting"
 
 
-def test_service_monitor_scrapes_the_operator_metrics_port() -> None:
+def test_service_monitor_scrapes_the_port_the_operator_serves_metrics_on() -> None:
+    """The operator is told (SCOREKEEPER_METRICS_PORT) to serve /metrics on the container port the Service targets
+    and the ServiceMonitor scrapes; tests/operator/test_operator_main.py scrapes a real operator on that variable."""
     rendered = render(VALUES["full"])
+    served = OperatorSettings.from_env(rendered.env).metrics_port
     service, monitor = rendered.one("Service"), rendered.one("ServiceMonitor")
     pod_labels = rendered.deployment["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
@@ -184,8 +193,59 @@ def test_service_monitor_scrapes_the_operator_metrics_port() -> None:
     (endpoint,) = monitor["spec"]["endpoints"]
     (port,) = service["spec"]["ports"]
     container_ports = {p["name"]: p["containerPort"] for p in rendered.container["ports"]}
-    assert endpoint["port"] == port["name"] and container_ports[port["targetPort"]] == 9191
+    assert endpoint["port"] == port["name"] and endpoint["path"] == "/metrics"
+    assert container_ports[port["targetPort"]] == served == 9191
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+
+
+def test_the_operator_serves_metrics_by_default_and_can_be_told_not_to() -> None:
+    default = render({})
+    assert OperatorSettings.from_env(default.env).metrics_port == 9090
+    assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in default.container["ports"]
+    off = render({"operator": {"metricsPort": 0}})
+    assert OperatorSettings.from_env(off.env).metrics_port == 0
+    assert "metrics" not in {p["name"] for p in off.container["ports"]}
+    with pytest.raises(helm_python.HelmError, match=r"serviceMonitor\.enabled needs operator\.metricsPort"):
+        render_raw({"operator": {"metricsPort": 0}, "serviceMonitor": {"enabled": True}})
+
+
+def test_the_hub_token_reaches_the_operator_only_from_its_secret() -> None:
+    rendered = render(VALUES["full"])
+    (token,) = [e for e in rendered.container["env"] if e["name"] == "SCOREKEEPER_HF_TOKEN"]
+    assert token == {"name": "SCOREKEEPER_HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hub-token", "key": "hf"}}}
+    assert "SCOREKEEPER_HF_TOKEN" not in render({}).env
+
+
+def test_people_get_scoringmodels_through_the_default_roles_and_nothing_else() -> None:
+    rendered = render({})
+    aggregated = {r["metadata"]["name"].rsplit("-", 1)[1]: r for r in rendered.of_kind("ClusterRole")
+                  if any(k.startswith("rbac.authorization.k8s.io/aggregate-to-") for k in r["metadata"]["labels"])}
+    assert set(aggregated) == {"view", "edit"}
+    labels = {name: {k.rsplit("-", 1)[1] for k, v in role["metadata"]["labels"].items()
+                     if k.startswith("rbac.authorization.k8s.io/aggregate-to-") and v == "true"}
+              for name, role in aggregated.items()}
+    assert labels == {"view": {"view"}, "edit": {"edit", "admin"}}
+    rules = {name: {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
+                    for resource in rule["resources"] for verb in rule["verbs"]} for name, role in aggregated.items()}
+    assert {group for grants in rules.values() for group, _, _ in grants} == {"scorekeeper.dev"}
+    assert {verb for _, _, verb in rules["view"]} == {"get", "list", "watch"}
+    assert {("scorekeeper.dev", "scoringmodels", verb) for verb in ("create", "patch", "delete")} <= rules["edit"]
+    assert ("scorekeeper.dev", "scoringmodels/scale", "update") in rules["edit"]  # kubectl scale sm
+    bound = {b["roleRef"]["name"] for b in rendered.of_kind("ClusterRoleBinding") + rendered.of_kind("RoleBinding")}
+    assert not bound & {r["metadata"]["name"] for r in aggregated.values()}  # only through aggregation
+    assert len(render({"rbac": {"aggregateToDefaultRoles": False}}).of_kind("ClusterRole")) == 1
+
+
+def test_operator_network_policy_admits_only_prometheus_to_the_metrics_port() -> None:
+    rendered = render(VALUES["full"])
+    policy = rendered.one("NetworkPolicy")
+    pod_labels = rendered.deployment["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}}}]
+    assert rule["ports"] == [{"protocol": "TCP", "port": "metrics"}]
+    assert "metrics" in {p["name"] for p in rendered.container["ports"]}
 
 
 def test_grafana_dashboard_configmap_is_picked_up_by_the_sidecar() -> None:
@@ -217,6 +277,13 @@ def test_grafana_dashboard_configmap_is_picked_up_by_the_sidecar() -> None:
     {"serviceAccount": {"create": False}},  # an existing account must be named
     {"rbac": {"create": None, "cluster": True}},
     {"serviceMonitor": {"enabled": True, "interval": "30"}},
+    {"serviceMonitor": {"port": 9191}},  # moved to operator.metricsPort
+    {"operator": {"metricsPort": 80}},
+    {"operator": {"maxConcurrentUpgrades": 0}},
+    {"operator": {"huggingFace": {"endpoint": "huggingface.co"}}},
+    {"operator": {"huggingFace": {"tokenSecret": {"name": "Hub_Token"}}}},
+    {"rbac": {"aggregateToDefaultRoles": "yes"}},
+    {"networkPolicy": {"enabled": True, "monitoringNamespace": "Monitoring"}},
     {"grafanaDashboard": {"labels": {"grafana_dashboard": 1}}},
     {"resources": {"limits": {"memory": ["1Gi"]}}},
     {"livenessProbe": {"periodSeconds": 0}},

@@ -115,25 +115,25 @@ def test_scenario_exercised_the_operator(cluster_wide_calls: list[Call]) -> None
 
 
 def test_cluster_role_allows_every_call_the_operator_makes(cluster_wide_calls: list[Call]) -> None:
-    granted = grants(render({}).one("ClusterRole")["rules"])
+    granted = grants(render({}).operator_cluster_role["rules"])
     missing = sorted(needed(with_apply_creates(cluster_wide_calls)) - granted)
     assert not missing, f"the operator makes calls the ClusterRole does not allow: {missing}"
 
 
 def test_cluster_role_grants_nothing_the_operator_does_not_use(cluster_wide_calls: list[Call]) -> None:
-    granted = grants(render({}).one("ClusterRole")["rules"])
+    granted = grants(render({}).operator_cluster_role["rules"])
     unused = sorted(granted - needed(with_apply_creates(cluster_wide_calls)) - set(DOCUMENTED_EXTRAS))
     assert not unused, f"granted but never used by the operator (remove, or document in DOCUMENTED_EXTRAS): {unused}"
 
 
 def test_documented_extras_are_granted() -> None:
-    assert set(DOCUMENTED_EXTRAS) <= grants(render({}).one("ClusterRole")["rules"])
+    assert set(DOCUMENTED_EXTRAS) <= grants(render({}).operator_cluster_role["rules"])
 
 
 def test_namespaces_are_not_granted_cluster_wide(cluster_wide_calls: list[Call]) -> None:
     """kopf lists namespaces only in namespaced mode; cluster-wide it needs no namespace access at all."""
     assert not any(c.resource == "namespaces" for c in cluster_wide_calls)
-    assert not any(g[1] == "namespaces" for g in grants(render({}).one("ClusterRole")["rules"]))
+    assert not any(g[1] == "namespaces" for g in grants(render({}).operator_cluster_role["rules"]))
 
 
 # -- namespaced (operator.watchNamespaces), from the raw request log -----------------------------------------------
@@ -182,7 +182,7 @@ def test_server_side_apply_is_what_the_code_says(namespaced_calls: list[Call]) -
 
 
 def test_namespaced_rbac_allows_every_call(namespaced_calls: list[Call], namespaced_install: Rendered) -> None:
-    cluster_grants = grants(namespaced_install.one("ClusterRole")["rules"])
+    cluster_grants = grants(namespaced_install.operator_cluster_role["rules"])
     (role,) = [r for r in namespaced_install.of_kind("Role") if r["metadata"]["namespace"] == NAMESPACE]
     role_grants = grants(role["rules"])
     for call in namespaced_calls:
@@ -194,7 +194,7 @@ def test_namespaced_rbac_allows_every_call(namespaced_calls: list[Call], namespa
 def test_namespaced_rbac_grants_nothing_unused(namespaced_calls: list[Call], namespaced_install: Rendered) -> None:
     cluster_needed = needed(c for c in namespaced_calls if c.namespace is None)
     namespace_needed = needed(c for c in namespaced_calls if c.namespace == NAMESPACE)
-    cluster_grants = grants(namespaced_install.one("ClusterRole")["rules"])
+    cluster_grants = grants(namespaced_install.operator_cluster_role["rules"])
     assert cluster_grants == cluster_needed, "the ClusterRole must hold only kopf's cluster-scoped reads"
     for role in namespaced_install.of_kind("Role"):
         unused = grants(role["rules"]) - namespace_needed - set(DOCUMENTED_EXTRAS)

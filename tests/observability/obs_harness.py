@@ -142,6 +142,15 @@ def forced_groups(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return forced
 
 
+def immediate_groups(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Copies of the alerts exactly as shipped but without `for`, labelled variant=immediate: what would fire once
+    the `for` has passed, observable within a test."""
+    return [{"name": group["name"] + ".immediate",
+             "rules": [{**rule, "for": "0s", "labels": {**rule.get("labels", {}), "variant": "immediate"}}
+                       for rule in group["rules"] if "alert" in rule]}
+            for group in groups]
+
+
 def render_dashboard_configmap(dashboard_text: str) -> str:
     """The Grafana sidecar ConfigMap (kube-prometheus-stack selects label grafana_dashboard: "1") holding the JSON."""
     body = "".join(f"    {line}\n" if line else "\n" for line in dashboard_text.rstrip("\n").split("\n"))
@@ -224,6 +233,9 @@ class WorkerThread:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.app = app = create_app(WorkerConfig(host="127.0.0.1", port=self.port, **config))
+        metrics_port = config.get("metrics_port")
+        # Where Prometheus scrapes: the metrics port when the worker has one (--metrics-port), else the API port.
+        self.metrics_url = self.url if metrics_port is None else f"http://127.0.0.1:{metrics_port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
                                                     timeout_graceful_shutdown=5))
         self.thread = threading.Thread(target=self.server.run, name=f"worker-{self.port}", daemon=True)

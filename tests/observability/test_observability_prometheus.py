@@ -6,7 +6,9 @@ Three in-process workers on loopback ports, each its own scrape job (job = the S
   pooled-hidden-state, rerank, invalid and unknown-path requests;
 - `limits`: the same model with the smallest batch/queue/body limits, so one large request deterministically fills
   the queue (429s) and a 5 kB body is refused (413);
-- `broken`: a model directory that does not exist, so the worker stays alive but never ready and answers 503.
+- `broken`: a model directory that does not exist, so the worker stays alive but never ready and answers 503;
+- `failing`: the same model as `main`, whose forward passes all fail (as a CUDA error would), so it answers 500; it
+  serves /metrics on its own port (--metrics-port), where Prometheus scrapes it, as a ServiceMonitor does in a cluster.
 
 Needs the `prometheus` binary (Debian package `prometheus`); the module is skipped, saying so, only when it is missing.
 """
@@ -35,6 +37,8 @@ from obs_harness import (
     dashboard_variables,
     finite_values,
     forced_groups,
+    free_port,
+    immediate_groups,
     load_dashboard,
     metric_names,
     prometheus_binary,
@@ -89,6 +93,7 @@ class Observed:
     limits_after: dict[Sample, float]
     rejected_429: int
     broken_503: int
+    failing_500: int
     final: dict[str, dict[Sample, float]]  # every worker, after Prometheus caught up
     load_started: float  # time.monotonic() when the first test request was sent
 
@@ -202,6 +207,7 @@ def observed(tiny_model: Callable[[str], Path], tmp_path_factory: pytest.TempPat
         "main": WorkerThread(model=model),
         "limits": WorkerThread(model=model, max_batch_tokens=16, max_queue_tokens=16, max_request_bytes=4096),
         "broken": WorkerThread(model=workdir / "no-such-model"),
+        "failing": WorkerThread(model=model, metrics_port=free_port()),
     }
     prometheus: Prometheus | None = None
     try:
@@ -210,17 +216,26 @@ def observed(tiny_model: Callable[[str], Path], tmp_path_factory: pytest.TempPat
         rules.write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
         forced = workdir / "scorekeeper-forced.rules.yml"
         forced.write_text(yaml.safe_dump({"groups": forced_groups(groups)}, sort_keys=False))
-        prometheus = Prometheus(binary, workdir, {job: f"127.0.0.1:{w.port}" for job, w in workers.items()},
-                                [rules, forced], {"namespace": NAMESPACE})
+        immediate = workdir / "scorekeeper-immediate.rules.yml"
+        immediate.write_text(yaml.safe_dump({"groups": immediate_groups(groups)}, sort_keys=False))
+        targets = {job: w.metrics_url.removeprefix("http://") for job, w in workers.items()}
+        prometheus = Prometheus(binary, workdir, targets, [rules, forced, immediate], {"namespace": NAMESPACE})
         prometheus.wait_ready()
         workers["main"].wait_status("/ready", 200)
         workers["limits"].wait_status("/ready", 200)
         workers["broken"].wait_status("/health", 200)
+        workers["failing"].wait_status("/ready", 200)
+        scheduler = workers["failing"].app.state.service.scheduler
+
+        def fail_the_batch(*_: object) -> None:
+            raise RuntimeError("forced failure inside the forward pass")
+
+        scheduler.executor.run = fail_the_batch
         # Load starts only once every target has been scraped, so rate() sees the counters before they move.
         wait_for("a first scrape of every worker",
                  lambda: len([s for s in prometheus.query("scorekeeper_ready") if s["metric"]]) == len(workers), 30)
 
-        main, limits, broken = workers["main"], workers["limits"], workers["broken"]
+        main, limits, broken, failing = workers["main"], workers["limits"], workers["broken"], workers["failing"]
         before = scrape(main.url)
         load_started = time.monotonic()
         phase_a = _phase_a(main)
@@ -241,12 +256,18 @@ def observed(tiny_model: Callable[[str], Path], tmp_path_factory: pytest.TempPat
             if i == 0:
                 wait_for("the first 503 to be scraped", lambda: bool(prometheus.query(
                     'scorekeeper_requests_total{job="broken", code="503"}')), 10)
+        for i in range(3):
+            assert httpx.post(failing.url + "/v1/score", json={"query": "q", "items": ["x"]},
+                              timeout=10).status_code == 500
+            if i == 0:
+                wait_for("the first 500 to be scraped", lambda: bool(prometheus.query(
+                    'scorekeeper_requests_total{job="failing", code="500"}')), 10)
 
         # Wait until Prometheus holds the final values of what the load moved (scrapes themselves move only the
         # /metrics request counter, which is excluded here).
         def caught_up() -> bool:
             for job, worker in workers.items():
-                direct = sum(v for (name, labels), v in scrape(worker.url).items()
+                direct = sum(v for (name, labels), v in scrape(worker.metrics_url).items()
                              if name == "scorekeeper_requests_total" and dict(labels)["endpoint"].startswith("/v1/"))
                 seen = prometheus.query(f'sum(scorekeeper_requests_total{{job="{job}", endpoint=~"/v1/.+"}})')
                 if not seen or float(seen[0]["value"][1]) != direct:
@@ -254,9 +275,9 @@ def observed(tiny_model: Callable[[str], Path], tmp_path_factory: pytest.TempPat
             return True
 
         wait_for("Prometheus to scrape the final counter values", caught_up, 30, interval=0.25)
-        final = {job: scrape(worker.url) for job, worker in workers.items()}
+        final = {job: scrape(worker.metrics_url) for job, worker in workers.items()}
         yield Observed(prometheus, workers, hidden_size, phase_a, phase_b, before, after_a, after, limits_before,
-                       limits_after, rejected, 3, final, load_started)
+                       limits_after, rejected, 3, 3, final, load_started)
     finally:
         if prometheus is not None:
             prometheus.stop()
@@ -375,7 +396,7 @@ def test_prometheus_holds_the_worker_values(observed: Observed) -> None:
         assert [float(s["value"][1]) for s in result] == [value(final, name, **labels)], name
     targets = observed.prometheus.api("targets")["activeTargets"]
     assert sorted((t["labels"]["job"], t["health"]) for t in targets) == [
-        ("broken", "up"), ("limits", "up"), ("main", "up")]
+        ("broken", "up"), ("failing", "up"), ("limits", "up"), ("main", "up")]
 
 
 # ------------------------------------------------------------------------------------------------ dashboard
@@ -416,7 +437,7 @@ def test_dashboard_variables_resolve(observed: Observed) -> None:
         found = {s[match[2]] for s in series if match[2] in s}
         assert found, f"${name}: {query} found no values"
     jobs = {s["job"] for s in observed.prometheus.api("series", **{"match[]": "scorekeeper_build_info"})}
-    assert jobs == {"main", "limits", "broken"}
+    assert jobs == {"main", "limits", "broken", "failing"}
 
 
 # ------------------------------------------------------------------------------------------------ alert rules
@@ -467,16 +488,37 @@ def test_forced_alerts_fire_on_live_data(observed: Observed) -> None:
 
 def test_real_thresholds_catch_the_unhealthy_workers_only(observed: Observed) -> None:
     """With the shipped thresholds: the broken worker trips not-ready and 5xx, the overloaded one trips 429
-    rejections, and the healthy `main` worker trips nothing (pending, since every alert has a `for`)."""
+    rejections, the failing one 5xx, and the healthy `main` worker trips nothing (pending, since every alert has a
+    `for`)."""
     expected = {("broken", "ScorekeeperWorkerNotReady"), ("broken", "ScorekeeperHigh5xxRate"),
-                ("limits", "ScorekeeperQueueFullRejections")}
+                ("limits", "ScorekeeperQueueFullRejections"), ("failing", "ScorekeeperHigh5xxRate")}
 
     def active() -> set[tuple[str, str]]:
         return {(a["labels"]["job"], a["labels"]["alertname"]) for a in _alerts(observed.prometheus)
-                if a["labels"].get("variant") != "forced"}
+                if "variant" not in a["labels"]}
 
     try:
         wait_for("the real alerts to go pending", lambda: active() >= expected, 20, interval=0.5)
     except TimeoutError:
         pytest.fail(f"active: {sorted(active())}, expected at least {sorted(expected)}")
     assert not {alert for job, alert in active() if job == "main"}, sorted(active())
+
+
+def test_internal_errors_are_counted_and_fire_the_5xx_alert(observed: Observed) -> None:
+    """A 500 is counted in scorekeeper_requests_total like any answer, so ScorekeeperHigh5xxRate, as shipped (its
+    `for` aside), fires for the failing worker; and Prometheus scraped that worker on its metrics port."""
+    failing = observed.final["failing"]
+    assert value(failing, "scorekeeper_requests_total", endpoint="/v1/score", code="500") == observed.failing_500
+    assert value(failing, "scorekeeper_ready") == 1  # a failing forward pass does not make the worker unready
+
+    def firing() -> set[str]:
+        return {a["labels"]["job"] for a in _alerts(observed.prometheus)
+                if a["labels"]["alertname"] == "ScorekeeperHigh5xxRate" and a["state"] == "firing"
+                and a["labels"].get("variant") == "immediate"}
+
+    try:
+        wait_for("ScorekeeperHigh5xxRate to fire for the failing worker", lambda: "failing" in firing(), 20,
+                 interval=0.5)
+    except TimeoutError:
+        pytest.fail(f"ScorekeeperHigh5xxRate fired for {sorted(firing())} only")
+    assert "main" not in firing()

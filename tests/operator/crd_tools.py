@@ -26,10 +26,14 @@ def documents(path: Path) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
 
 
+def example_documents() -> list[dict[str, Any]]:
+    """Every document of examples/*.yaml (ScoringModels and their Namespaces, PVCs, ...)."""
+    return [doc for path in sorted((ROOT / "examples").glob("*.yaml")) for doc in documents(path)]
+
+
 def valid_samples() -> list[dict[str, Any]]:
-    """tests/operator/samples/valid.yaml plus every examples/*.yaml."""
-    examples = sorted((ROOT / "examples").glob("*.yaml"))
-    return [*documents(SAMPLES / "valid.yaml"), *(doc for path in examples for doc in documents(path))]
+    """tests/operator/samples/valid.yaml plus the ScoringModels of examples/*.yaml."""
+    return [*documents(SAMPLES / "valid.yaml"), *(doc for doc in example_documents() if doc["kind"] == "ScoringModel")]
 
 
 def invalid_samples() -> list[dict[str, Any]]:

@@ -34,7 +34,8 @@ FAST_RETRIES = {"SCOREKEEPER_RETRY_BASE_SECONDS": "0.2", "SCOREKEEPER_RETRY_MAX_
 def path(plural: str, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
     group_version = {"scoringmodels": f"apis/{GROUP_VERSION}", "deployments": "apis/apps/v1",
                      "poddisruptionbudgets": "apis/policy/v1", "horizontalpodautoscalers": "apis/autoscaling/v2",
-                     "servicemonitors": "apis/monitoring.coreos.com/v1"}.get(plural, "api/v1")
+                     "servicemonitors": "apis/monitoring.coreos.com/v1", "scaledobjects": "apis/keda.sh/v1alpha1",
+                     "networkpolicies": "apis/networking.k8s.io/v1"}.get(plural, "api/v1")
     return "/" + "/".join(p for p in (group_version, "namespaces", namespace, plural, name, subresource) if p)
 
 
@@ -158,15 +159,19 @@ def _kubeconfig(url: str, directory: Path) -> Path:
 
 
 @contextlib.asynccontextmanager
-async def running_cluster(*, service_monitor_api: bool = True) -> AsyncIterator[Cluster]:
+async def running_cluster(*, service_monitor_api: bool = True, keda_api: bool = True) -> AsyncIterator[Cluster]:
     """An emulated API server with the built-in resources, the ScoringModel CRD (with its admission rules) and,
-    optionally, the Prometheus operator's ServiceMonitor; KUBECONFIG points at it for the duration."""
+    optionally, the Prometheus operator's ServiceMonitor and KEDA's ScaledObject; KUBECONFIG points at it."""
     emulator = RealisticEmulator()
     emulator.resources.load_bundled()
     _register_crd(emulator, crd_tools.load_crd())
     if service_monitor_api:
         emulator.resources["monitoring.coreos.com/v1/servicemonitors"] = kmock.ResourceInfo(
             kind="ServiceMonitor", singular="servicemonitor", namespaced=True,
+            verbs=["get", "list", "watch", "create", "update", "patch", "delete"])
+    if keda_api:
+        emulator.resources["keda.sh/v1alpha1/scaledobjects"] = kmock.ResourceInfo(
+            kind="ScaledObject", singular="scaledobject", namespaced=True,
             verbs=["get", "list", "watch", "create", "update", "patch", "delete"])
     emulator.admission["scoringmodels"] = crd_tools.admit
     original_parse_path = parsing.parse_path

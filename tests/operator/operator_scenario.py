@@ -1,8 +1,9 @@
 """Every API call the operator makes, recorded from its real behaviour against the emulator (for RBAC rules).
 
-The scenario walks every code path that touches the API: startup (kopf's discovery, CRD scanning, watches), all six
-child kinds created and then deleted again, a status write, drift repair, an invalid spec (kopf posts an Event),
-and the ScoringModel's deletion. Usable outside pytest, e.g. from the Helm chart's RBAC test:
+The scenario walks every code path that touches the API: startup (kopf's discovery, CRD scanning, watches), all eight
+child kinds created (the HPA, then KEDA's ScaledObject instead) and the optional ones deleted again, a status write,
+drift repair, an invalid spec (kopf posts an Event), and the ScoringModel's deletion. Usable outside pytest, e.g.
+from the Helm chart's RBAC test:
 
     sys.path.insert(0, str(REPO / "tests" / "operator"))
     from operator_scenario import record_operator_api_calls, rbac_rules
@@ -32,15 +33,20 @@ async def exercise(cluster: Cluster) -> None:
         return lambda: cluster.get(plural, NAMESPACE, NAME)
 
     full = {"model": {"uri": "pvc://models/x"}, "replicas": 3, "autoscaling": {"enabled": True, "maxReplicas": 3},
-            "monitoring": {"serviceMonitor": True}}
+            "monitoring": {"serviceMonitor": True}, "networkPolicy": {"enabled": True}}
     await cluster.create("scoringmodels", NAMESPACE, _model(full))
     for plural in ("configmaps", "services", "deployments", "poddisruptionbudgets", "horizontalpodautoscalers",
-                   "servicemonitors"):
+                   "servicemonitors", "networkpolicies"):
         await cluster.wait_for(has(plural), what=plural)
+    await cluster.patch("scoringmodels", NAMESPACE, NAME, {"spec": {"autoscaling": {
+        "provider": "KEDA", "prometheusAddress": "http://prometheus:9090"}}})
+    await cluster.wait_for(lambda: cluster.get("scaledobjects", NAMESPACE, NAME)
+                           and not cluster.get("horizontalpodautoscalers", NAMESPACE, NAME), what="HPA → KEDA")
     await cluster.patch("scoringmodels", NAMESPACE, NAME, {"spec": {
-        "replicas": 1, "autoscaling": {"enabled": False}, "monitoring": {"serviceMonitor": False}}})
-    await cluster.wait_for(lambda: not cluster.get("horizontalpodautoscalers", NAMESPACE, NAME)
-                           and not cluster.get("servicemonitors", NAMESPACE, NAME), what="optional children gone")
+        "replicas": 1, "autoscaling": {"enabled": False}, "monitoring": {"serviceMonitor": False},
+        "networkPolicy": {"enabled": False}}})
+    await cluster.wait_for(lambda: not any(cluster.get(p, NAMESPACE, NAME) for p in (
+        "scaledobjects", "servicemonitors", "networkpolicies")), what="optional children gone")
     await cluster.delete("services", NAMESPACE, NAME)
     await cluster.wait_for(has("services"), what="service recreated")
     await cluster.patch("scoringmodels", NAMESPACE, NAME, {"spec": {"extraArgs": ["--served=other"]}})

@@ -27,9 +27,13 @@ SPECS: dict[str, dict[str, Any]] = {
         "resources": {"gpu": {"count": 1}}, "rollout": {"drainSeconds": 12}},
     "cpu-mis-without-delimiter": {"model": {"uri": "file:///opt/m", "dtype": "float32"},
                                   "scoring": {"multiItem": {"enabled": True}}, "cudaGraph": {"enabled": False}},
-    "gpu-graphs-off-extra-args": {"resources": {"gpu": {"count": 2}}, "cudaGraph": {"enabled": False},
+    "gpu-graphs-off-extra-args": {"resources": {"gpu": {"count": 1}}, "cudaGraph": {"enabled": False},
                                   "extraArgs": ["--attention-backend", "sdpa", "--log-level=debug"]},
-    "hf": {"model": {"uri": "hf://org/name"}},
+    "hf": {"model": {"uri": "hf://org/name", "revision": "0123456789abcdef0123456789abcdef01234567"}},
+    "hf-gguf": {"model": {"uri": "hf://org/name-GGUF/m.Q4_K_M.gguf", "revision": "a" * 40}},
+    "gpu-without-bfloat16": {"model": {"uri": "pvc://models/qwen3", "dtype": "float16"},
+                             "resources": {"gpu": {"count": 1}}},
+    "api-keys": {"auth": {"apiKeySecretRef": {"name": "scorer-keys", "key": "keys"}}},
 }
 
 
@@ -72,7 +76,7 @@ def test_rendered_args_parse_to_the_intended_config(name: str, tmp_path: Path) -
     config = parse_config(with_config_file(args, config_text, tmp_path), environ={})
     spec = model.spec
     mis = spec.scoring.multi_item
-    assert str(config.model) == flags.model_path(spec.model.uri)
+    assert str(config.model) == flags.model_path(spec.model.uri, model.hf_commit)
     assert config.served_name == model.served_name
     assert config.dtype.value == spec.model.dtype.value
     assert config.device.value == ("cuda" if spec.resources.gpu.count else "cpu")
@@ -92,6 +96,9 @@ def test_rendered_args_parse_to_the_intended_config(name: str, tmp_path: Path) -
     assert config.cuda_graph_max_tokens == spec.cuda_graph.max_tokens
     assert config.cuda_graph_max_seqs == spec.cuda_graph.max_sequences
     assert config.drain_timeout_seconds == spec.rollout.drain_seconds
+    assert config.host == "0.0.0.0"  # the worker's own default is loopback
+    assert config.metrics_port == flags.METRICS_PORT  # always: the Service's metrics port targets it
+    assert config.api_key_file == (None if spec.auth.api_key_secret_ref is None else Path(flags.API_KEY_PATH))
 
 
 @pytest.mark.parametrize("name", SPECS)

@@ -1,4 +1,5 @@
-"""`scorekeeper-operator` as shipped: kopf options from the env, and the real console script serving /healthz."""
+"""`scorekeeper-operator` as shipped: kopf options from the env, and the real console script serving /healthz and its
+Prometheus /metrics."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
 import pytest
 from harness import NAMESPACE, Cluster, scoring_model
+from prometheus_client.parser import text_string_to_metric_families
 from scorekeeper_operator.main import run_options
 from scorekeeper_operator.settings import DEFAULT_LIVENESS_ENDPOINT, OperatorSettings
 
@@ -44,9 +47,10 @@ def _console_script() -> list[str]:
 
 @pytest.mark.asyncio
 @pytest.mark.timeout(60)
-async def test_console_script_runs_kopf_with_a_liveness_endpoint(cluster: Cluster, tmp_path: Path) -> None:
-    port = _free_port()
-    env = {**os.environ, "SCOREKEEPER_LIVENESS_ENDPOINT": f"http://127.0.0.1:{port}/healthz"}
+async def test_console_script_runs_kopf_with_liveness_and_metrics_endpoints(cluster: Cluster, tmp_path: Path) -> None:
+    port, metrics_port = _free_port(), _free_port()
+    env = {**os.environ, "SCOREKEEPER_LIVENESS_ENDPOINT": f"http://127.0.0.1:{port}/healthz",
+           "SCOREKEEPER_METRICS_PORT": str(metrics_port)}
     log = tmp_path / "operator.log"
     with log.open("wb") as output:  # a file, not a pipe: a full pipe would block the operator
         process = subprocess.Popen(_console_script(), env=env, stdout=output, stderr=subprocess.STDOUT)
@@ -66,7 +70,33 @@ async def test_console_script_runs_kopf_with_a_liveness_endpoint(cluster: Cluste
                 raise AssertionError("no /healthz")
         await cluster.create("scoringmodels", NAMESPACE, scoring_model())
         await cluster.wait_for(lambda: cluster.get("deployments", NAMESPACE, "reranker"), what="deployment")
+        await cluster.create("scoringmodels", NAMESPACE, scoring_model("broken", extraArgs=["--served", "x"]))
+        expected = {("scorekeeper_operator_reconciles_total", (("result", "ok"),)): 1,
+                    ("scorekeeper_operator_reconciles_total", (("result", "config_error"),)): 1,
+                    ("scorekeeper_operator_config_errors_total", (("reason", "InvalidSpec"),)): 1,
+                    ("scorekeeper_operator_reconcile_duration_seconds_count", ()): 2}
+        samples = await _scrape_until(metrics_port, lambda s: all(s.get(k, 0) >= v for k, v in expected.items()))
+        assert ("process_resident_memory_bytes", ()) in samples  # the default collectors
     finally:
         process.terminate()
         await asyncio.to_thread(process.wait, 20)
     assert process.returncode == 0, log.read_text()
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+async def _scrape_until(port: int, done: Callable[[Samples], bool]) -> Samples:
+    """GET /metrics until `done` holds (reconciles run asynchronously to the test's writes)."""
+    samples: Samples = {}
+    async with aiohttp.ClientSession() as session:
+        for _ in range(200):
+            async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
+                assert response.status == 200
+                text = await response.text()
+            samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                       for family in text_string_to_metric_families(text) for s in family.samples}
+            if done(samples):
+                return samples
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"the operator's metrics never showed it: {samples}")

@@ -18,7 +18,8 @@ def test_the_scenario_records_every_kind_of_call(operator_api_calls: frozenset[A
     for group, plural in (("", "configmaps"), ("", "services"), ("apps", "deployments")):
         assert verbs[group, plural, ""] == {"get", "list", "watch", "patch", "create"}
     for group, plural in (("policy", "poddisruptionbudgets"), ("autoscaling", "horizontalpodautoscalers"),
-                          ("monitoring.coreos.com", "servicemonitors")):
+                          ("monitoring.coreos.com", "servicemonitors"), ("networking.k8s.io", "networkpolicies"),
+                          ("keda.sh", "scaledobjects")):
         assert verbs[group, plural, ""] == {"get", "list", "watch", "patch", "create", "delete"}
     assert verbs["", "pods", ""] >= {"list", "watch"}
     assert verbs["", "events", ""] == {"create"}
@@ -28,8 +29,8 @@ def test_the_scenario_records_every_kind_of_call(operator_api_calls: frozenset[A
 def test_nothing_broader_than_needed(operator_api_calls: frozenset[ApiCall]) -> None:
     touched = {c.resource for c in operator_api_calls}
     assert touched <= {"scoringmodels", "deployments", "services", "configmaps", "poddisruptionbudgets",
-                       "horizontalpodautoscalers", "servicemonitors", "pods", "events",
-                       "customresourcedefinitions"}
+                       "horizontalpodautoscalers", "servicemonitors", "networkpolicies", "scaledobjects", "pods",
+                       "events", "customresourcedefinitions"}
     # No PUT (only the implied finalizers permission), no bulk deletes.
     assert {(c.resource, c.subresource) for c in operator_api_calls if c.verb == "update"} == {
         ("scoringmodels", "finalizers")}

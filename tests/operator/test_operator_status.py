@@ -115,7 +115,7 @@ def test_no_gpu_to_schedule_on_is_degraded_unschedulable() -> None:
 
 
 def test_init_container_failures_count() -> None:
-    r = rendered(model={"uri": "hf://org/name"})
+    r = rendered(model={"uri": "hf://org/name", "revision": "0123456789abcdef0123456789abcdef01234567"})
     stuck = pod("a", r.config_hash, ready=False, initContainerStatuses=[{
         "name": "download-model", "ready": False, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}])
     status = compute_status(desired(r), Observed(deployment(r.config_hash), [stuck]), {}, NOW)

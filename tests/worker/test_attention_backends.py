@@ -52,7 +52,7 @@ def _pooled(model: ScoringModel, units: list[PackUnit], kind: LayoutKind) -> tor
 
 
 @pytest.mark.parametrize("kind", [LayoutKind.DENSE, LayoutKind.FLEX])
-@pytest.mark.parametrize("name", ["qwen3-causal", "gemma2-cls3", "mistral-cls3", "bert-cross"])
+@pytest.mark.parametrize("name", ["qwen3-causal", "gemma2-cls3", "mistral-cls3", "bert-cross", "modernbert-cross"])
 def test_backends_equal_sdpa(name: str, kind: LayoutKind, tiny_model: Callable[[str], Path]) -> None:
     model = load_model(tiny_model(name), DType.FLOAT32, "cpu", name)
     units = _units(model, 1, multi_item=model.is_decoder)
@@ -102,7 +102,7 @@ def test_flex_block_tables_are_conservative(seed: int) -> None:
     length = tokens.segment.shape[0]
     block = 8
     index = torch.arange(length)
-    for causal, window in ((True, None), (False, None), (True, 9)):
+    for causal, window in ((True, None), (False, None), (True, 9), (False, 9)):  # (False, 9): ModernBERT's local
         padded, partial, full = block_tables(tokens, causal, window, block)
         assert not (partial & full).any()
         allowed = token_allowed(tokens, index[:, None], index[None, :], causal, window)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -41,9 +42,60 @@ def test_delimiter_implies_multi_item_scoring() -> None:
 @pytest.mark.parametrize("args", [
     ["--cuda-graph-token-buckets", "512,256"],
     ["--cuda-graph-token-buckets", "256,99999"],
-    ["--dtype", "float16"],
+    ["--dtype", "float64"],
     ["--port", "0"],
 ])
 def test_invalid_settings_are_refused(args: list[str]) -> None:
     with pytest.raises((SystemExit, ValueError)):
         parse_config(["serve", "--model", "/m", *args], {})
+
+
+@pytest.mark.parametrize(("spelling", "expected"), [("on", True), ("ON", True), ("yes", True), ("1", True),
+                                                    ("true", True), ("off", False), ("no", False), ("0", False),
+                                                    ("False", False)])
+def test_boolean_environment_values_accept_the_usual_spellings(spelling: str, expected: bool) -> None:
+    config = parse_config(["serve", "--model", "/m"], {"SCOREKEEPER_CUDA_GRAPH": spelling})
+    assert config.cuda_graph is expected
+
+
+def _serve(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SCOREKEEPER_")}
+    return subprocess.run([sys.executable, "-m", "scorekeeper_worker.cli", "serve", *args],
+                          capture_output=True, text=True, env={**environ, **(env or {})}, timeout=120)
+
+
+@pytest.mark.parametrize(("args", "env", "named"), [
+    ([], {"SCOREKEEPER_LOG_LEVEL": "verbose"}, "SCOREKEEPER_LOG_LEVEL"),
+    ([], {"SCOREKEEPER_CUDA_GRAPH": "maybe"}, "SCOREKEEPER_CUDA_GRAPH"),
+    ([], {"SCOREKEEPER_PORT": "eighty"}, "SCOREKEEPER_PORT"),
+    (["--port", "eighty"], {}, "--port"),
+    (["--max-batch-tokens", "4"], {}, "--max-batch-tokens"),
+    (["--no-such-flag"], {}, "--no-such-flag"),
+    (["--metrics-port", "8000", "--port", "8000"], {}, "--metrics-port"),
+    (["--api-key-file", "/nonexistent/keys"], {}, "/nonexistent/keys"),
+], ids=["log level", "boolean env", "int env", "int flag", "bound", "unknown flag", "port clash", "key file"])
+def test_configuration_errors_are_one_line_and_exit_2(args: list[str], env: dict[str, str], named: str) -> None:
+    result = _serve(["--model", "/m", *args], env)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert lines[0].startswith("scorekeeper-worker: error: ") and named in lines[0], lines[0]
+
+
+def test_config_file_errors_name_the_file(tmp_path: Path) -> None:
+    config_file = tmp_path / "worker.yaml"
+    config_file.write_text("max_batch_tokens: 1000\nmax_batch_tokenz: 2000\n")
+    result = _serve(["--model", "/m", "--config", str(config_file)])
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert str(config_file) in result.stderr and "max_batch_tokenz" in result.stderr
+
+
+def test_empty_api_key_file_refuses_to_start(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("# no key yet\n\n")
+    result = _serve(["--model", "/m", "--api-key-file", str(keys)])
+    assert result.returncode == 2 and "no key" in result.stderr, result.stderr
+
+
+def test_default_bind_address_is_loopback() -> None:
+    assert parse_config(["serve", "--model", "/m"], {}).host == "127.0.0.1"

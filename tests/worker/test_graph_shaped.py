@@ -117,9 +117,10 @@ def _runner(model: ScoringModel, kind: LayoutKind = LayoutKind.DENSE, pad_token:
 
 
 # qwen3: GQA; gemma2: attention softcapping; mistral: a sliding window shorter than the batches; bert-embed: encoder,
-# mean pooling; xlmr-cross: positions starting at 2, first-token pooling; bert-cross: token types.
+# mean pooling; xlmr-cross: positions starting at 2, first-token pooling; bert-cross: token types; modernbert-cross:
+# symmetric local windows shorter than the batches.
 @pytest.mark.parametrize("name", ["qwen3-cls3", "gemma2-reward", "mistral-cls3", "bert-embed", "xlmr-cross",
-                                  "bert-cross"])
+                                  "bert-cross", "modernbert-cross"])
 def test_padded_batches_equal_unpadded_ones_in_every_bucket(name: str, models: Callable[[str], ScoringModel]) -> None:
     model = models(name)
     runner = _runner(model)

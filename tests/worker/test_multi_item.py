@@ -15,8 +15,9 @@ from scorekeeper_worker.loader import load_model
 from scorekeeper_worker.packing import PackUnit, Pool, build_inputs
 from serving import RunningServer
 
-DECODERS = ["qwen3-cls3", "qwen3-reward", "qwen3-causal", "qwen2-cls3", "qwen2-reward", "llama-cls3",
-            "llama-reward", "llama-causal", "gemma2-cls3", "gemma2-reward", "mistral-cls3"]
+DECODERS = ["qwen3-cls3", "qwen3-reward", "qwen3-causal", "qwen2-cls3", "qwen2-reward", "qwen2-causal", "llama-cls3",
+            "llama-reward", "llama-causal", "llama-eos-cls3", "gemma2-cls3", "gemma2-reward", "gemma2-causal",
+            "mistral-cls3", "mistral-causal"]
 LABELS = [5, 17, 42]
 DELIMITER = 3  # a real token id of every tiny vocabulary
 MAX_BATCH_TOKENS = 512  # small, so 300 items cross the chunking boundary several times

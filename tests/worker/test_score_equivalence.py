@@ -23,27 +23,9 @@ def _reference(path: Path) -> tuple[Any, Any, str]:
     return reference.load_model(path)
 
 
-def _expected(path: Path, name: TinyModel, query: str, items: list[str], *, item_first: bool = False,
-              apply_softmax: bool = False, temperature: float = 1.0, labels: list[int] | None = None,
-              pooled: bool = False) -> list[list[float]]:
-    model, tok, _ = _reference(path)
-    spec = SPECS[name]
-    rows = []
-    for item in items:
-        if spec.kind == "causal_lm":
-            ids = reference.encode_decoder(tok, query, item, item_first)
-            rows.append(reference.causal_lm_scores(model, ids, labels or [], apply_softmax, temperature))
-        elif spec.kind == "embedding":
-            q, i = reference.encode_single(tok, query), reference.encode_single(tok, item)
-            rows.append(reference.embedding_pooled(model, i) if pooled else reference.embedding_scores(model, q, i))
-        else:
-            if spec.family in ("bert", "xlmr"):
-                ids, types = reference.encode_pair(tok, query, item, item_first)
-            else:
-                ids, types = reference.encode_decoder(tok, query, item, item_first), None
-            rows.append(reference.classifier_pooled(model, ids, types) if pooled
-                        else reference.classifier_scores(model, ids, types, apply_softmax, temperature))
-    return rows
+def _expected(path: Path, name: TinyModel, query: str, items: list[str], **options: Any) -> list[list[float]]:
+    model, tok, kind = _reference(path)
+    return reference.expected_scores(model, tok, kind, query, items, **options)
 
 
 def _assert_close(actual: list[list[float]], expected: list[list[float]]) -> None:
@@ -88,9 +70,9 @@ def test_token_id_inputs_match_transformers(served: tuple[TinyModel, Path, Runni
         if spec.kind == "causal_lm":
             expected.append(reference.causal_lm_scores(model, query + item, [5, 17, 42], True, 0.7))
         elif spec.kind == "embedding":
-            expected.append(reference.embedding_scores(model, query, item))
+            expected.append(reference.embedding_scores(model, query, item, reference.sentence_pooling(path)))
         else:
-            types = [0] * len(query) + [1] * len(item) if spec.family == "bert" else None
+            types = [0] * len(query) + [1] * len(item) if spec.token_types else None
             expected.append(reference.classifier_scores(model, query + item, types, True, 0.7))
     _assert_close(response.json()["scores"], expected)
 
@@ -116,7 +98,7 @@ def test_usage_counts_the_tokens_run(served: tuple[TinyModel, Path, RunningServe
     spec = SPECS[name]
     if spec.kind == "embedding":
         expected = sum(len(reference.encode_single(tok, t)) for t in [QUERY, *ITEMS[:2]])
-    elif spec.family in ("bert", "xlmr"):
+    elif spec.encoder:
         expected = sum(len(reference.encode_pair(tok, QUERY, t, False)[0]) for t in ITEMS[:2])
     else:
         expected = sum(len(reference.encode_decoder(tok, QUERY, t, False)) for t in ITEMS[:2])

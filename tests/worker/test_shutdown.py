@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-from serving import free_port, wait_until
+from serving import free_port, wait_until_ready
 
 
 def test_sigterm_drains_in_flight_requests(tiny_model: Callable[[str], Path]) -> None:
@@ -21,17 +21,10 @@ def test_sigterm_drains_in_flight_requests(tiny_model: Callable[[str], Path]) ->
     process = subprocess.Popen(
         [sys.executable, "-m", "scorekeeper_worker.cli", "serve", "--model", str(tiny_model("qwen3-reward")),
          "--host", "127.0.0.1", "--port", str(port), "--max-batch-tokens", "2048", "--log-level", "warning",
-         # The drain must outlast the request however busy the machine is (the default 30 s does not under load).
-         "--drain-timeout-seconds", "600"],
+         "--drain-timeout-seconds", "600"],  # the drain is under test, not its timeout: a loaded CI machine is slow
         env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
-        def ready() -> bool:
-            try:
-                return httpx.get(url + "/ready", timeout=2).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_until("the worker to be ready", ready, timeout=600)  # a bound for a broken start, not a wait
+        wait_until_ready(url, process, timeout=600)  # a bound for a broken start: loading is slow on a busy CPU
         items = [[10 + (i % 200)] * 60 for i in range(600)]  # ~36k tokens: a few seconds on CPU
         results: list[httpx.Response] = []
         sender = threading.Thread(target=lambda: results.append(
@@ -47,3 +40,52 @@ def test_sigterm_drains_in_flight_requests(tiny_model: Callable[[str], Path]) ->
         assert process.wait(600) in (0, -signal.SIGTERM)
     finally:
         process.kill()
+
+
+def test_ready_turns_503_as_soon_as_draining_starts_while_in_flight_work_finishes(
+        tiny_model: Callable[[str], Path]) -> None:
+    """Deterministic: the model thread is held inside the in-flight request's batch until the test releases it, and
+    the drain starts through the same method uvicorn's signal handler calls."""
+    from scorekeeper_worker.config import WorkerConfig
+    from scorekeeper_worker.server import build_server
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = build_server(WorkerConfig(model=tiny_model("qwen3-cls3"), port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_until_ready(url)
+        scheduler = server.config.app.state.service.scheduler
+        entered, release = threading.Event(), threading.Event()
+        run_batch = scheduler.executor.run
+
+        def held(*args: object) -> object:
+            entered.set()
+            assert release.wait(60)
+            return run_batch(*args)
+
+        scheduler.executor.run = held
+        results: list[httpx.Response] = []
+        sender = threading.Thread(target=lambda: results.append(
+            httpx.post(url + "/v1/score", json={"query": "q", "items": ["a", "b"]}, timeout=60)))
+        sender.start()
+        assert entered.wait(60)
+
+        server.handle_exit(signal.SIGTERM, None)  # what uvicorn's SIGTERM handler calls
+
+        ready = httpx.get(url + "/ready", timeout=10)
+        assert ready.status_code == 503 and ready.json()["type"] == "ServiceUnavailable"
+        assert "draining" in ready.json()["message"]
+        assert httpx.get(url + "/health", timeout=10).status_code == 200  # alive: liveness must not restart it
+        assert thread.is_alive() and not results  # still serving; the request is still in flight
+        release.set()
+        sender.join(60)
+        assert results and results[0].status_code == 200, results
+        assert len(results[0].json()["scores"]) == 2
+        thread.join(60)  # nothing left in flight: the server stops by itself
+        assert not thread.is_alive()
+    finally:
+        server.should_exit = True
+        thread.join(30)
+

@@ -109,8 +109,9 @@ def block_tables(tokens: TokenLayout, causal: bool, window: int | None,
     nonempty = meets(seg_lo, seg_hi) | meets(vis_lo, vis_hi)
     if causal:
         nonempty = nonempty & (k_block <= q_block)
-    if window is not None:
+    if window is not None:  # symmetric windows: a key may also be ahead of the query (encoders)
         nonempty = nonempty & (pos_lo[:, None] - pos_hi[None, :] < window)
+        nonempty = nonempty & (pos_lo[None, :] - pos_hi[:, None] < window)
 
     single = seg_lo == seg_hi
     same_row = single[:, None] & single[None, :] & (seg_lo[:, None] == seg_lo[None, :])
@@ -122,7 +123,7 @@ def block_tables(tokens: TokenLayout, causal: bool, window: int | None,
     complete = (torch.arange(blocks, device=device) + 1) * block_size <= length
     full = (same_row | query_prefix) & complete[:, None] & complete[None, :] & nonempty
     if window is not None:
-        full = full & (pos_hi[:, None] - pos_lo[None, :] < window)
+        full = full & (pos_hi[:, None] - pos_lo[None, :] < window) & (pos_hi[None, :] - pos_lo[:, None] < window)
     return padded, nonempty & ~full, full
 
 

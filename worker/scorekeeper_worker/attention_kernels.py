@@ -91,7 +91,8 @@ class RowMask(Mask):
         allowed = None if self.k_valid is None else self.k_valid[:, None, k0:k1]
         if self.per_query:
             distance = self.q_pos[:, q0:q1, None] - self.k_pos[:, None, k0:k1]
-            rule = (distance >= 0) if self.causal else (distance < self.window)
+            # Encoders' local windows are symmetric (ModernBERT): |distance|.
+            rule = (distance >= 0) if self.causal else (distance.abs() < self.window)
             if self.causal and self.window is not None:
                 rule = rule & (distance < self.window)
             allowed = rule if allowed is None else allowed & rule

@@ -103,6 +103,6 @@ def token_allowed(tokens: TokenLayout, q: torch.Tensor, kv: torch.Tensor, causal
     if causal:
         same = same & (kv <= q)
     allowed = same | ((tokens.context[q] == segment[kv]) & (tokens.offset[kv] < tokens.prefix[q]))
-    if window is not None:
-        allowed = allowed & (tokens.positions[q] - tokens.positions[kv] < window)
+    if window is not None:  # symmetric: causal rules already drop later keys
+        allowed = allowed & ((tokens.positions[q] - tokens.positions[kv]).abs() < window)
     return allowed

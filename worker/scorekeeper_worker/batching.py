@@ -6,8 +6,8 @@ and behind those batch n left waiting. Each batch is filled round-robin over req
 request per pass, until the token budget is full; a request whose next unit does not fit sits out the rest of the
 batch (its units stay in order). Hence a small request sent while a large one runs is in the very next batch, and
 a request is only ever overtaken by requests admitted before the batch after its last service was formed: a
-stream of small requests cannot starve a large one (under overload its share is bounded by the queue, never zero). Units are whole
-sequences or multi-item chunks, so splitting a request across batches never changes its scores."""
+stream of small requests cannot starve a large one (under overload its share is bounded by the queue, never zero).
+Units are whole sequences or multi-item chunks, so splitting a request across batches never changes its scores."""
 
 from __future__ import annotations
 

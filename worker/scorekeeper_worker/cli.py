@@ -1,5 +1,8 @@
 """`scorekeeper-worker`: the command line. Flags may also come from `--config FILE` (YAML or JSON, keys are flag
-names) or from `SCOREKEEPER_<FLAG>` environment variables; precedence is flag > environment > file > default."""
+names) or from `SCOREKEEPER_<FLAG>` environment variables; precedence is flag > environment > file > default.
+
+A setting that cannot be used is one line on stderr naming where it came from (the flag, the variable, or the file
+and key) and exit status 2, before anything heavy is imported."""
 
 from __future__ import annotations
 
@@ -8,15 +11,27 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 from pydantic import ValidationError
 
-from scorekeeper_worker.config import AttentionBackendName, Device, DType, PooledHiddenStates, WorkerConfig
+from scorekeeper_worker.config import AttentionBackendName, Device, DType, LogLevel, PooledHiddenStates, WorkerConfig
 
+PROG = "scorekeeper-worker"
 ENV_PREFIX = "SCOREKEEPER_"
 _FIELDS = WorkerConfig.model_fields
+TRUE_WORDS = frozenset({"1", "true", "yes", "on", "y", "t"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off", "n", "f"})
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message names where it came from."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, not argparse's usage block
+        self.exit(2, f"{PROG}: error: {message} (see {self.prog} --help)\n")
 
 
 def _default_help(name: str) -> str:
@@ -28,7 +43,7 @@ def _default_help(name: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The real parser; the operator's contract test parses rendered args with it."""
-    parser = argparse.ArgumentParser(prog="scorekeeper-worker", description="Transformer scoring worker.")
+    parser = _Parser(prog=PROG, description="Transformer scoring worker.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve POST /v1/score for one model",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -42,10 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="YAML/JSON file whose keys are flag names (e.g. max_batch_tokens: 4096)")
     add("--model", "local Hugging Face model directory or .gguf file (required)", type=Path)
     add("--served-name", "model name reported by /v1/models (clients may send any name)")
-    add("--dtype", "weights and activations dtype", choices=[d.value for d in DType])
+    add("--dtype", "weights and activations dtype; auto: the checkpoint's dtype where the device runs it fast "
+        "(float32 on CPUs without bfloat16 instructions, float16 on GPUs without bfloat16)",
+        choices=[d.value for d in DType])
     add("--device", "where the model runs", choices=[d.value for d in Device])
-    add("--host", "listen address")
-    add("--port", "listen port", type=int)
+    add("--host", "listen address (0.0.0.0: every interface, as in a container)")
+    add("--port", "listen port of the API (and of /metrics without --metrics-port)", type=int)
+    add("--metrics-port", "serve /metrics on this port alone, and no longer on --port", type=int)
+    add("--api-key-file", "file of API keys, one per line (re-read when it changes): /v1/* then need "
+        "Authorization: Bearer KEY", type=Path)
     add("--max-batch-tokens", "token budget of one packed forward pass", type=int)
     add("--max-queue-tokens", "tokens admitted but not yet scored; beyond it requests get 429", type=int)
     add("--max-request-bytes", "largest accepted request body; beyond it 413", type=int)
@@ -69,38 +89,91 @@ def build_parser() -> argparse.ArgumentParser:
     add("--cuda-graph-max-seqs", "sequence slots captured per bucket", type=int)
     add("--attention-backend", "attention implementation", choices=[a.value for a in AttentionBackendName])
     add("--drain-timeout-seconds", "on SIGTERM, how long in-flight requests may take to finish", type=float)
-    add("--log-level", "logging level", choices=["debug", "info", "warning", "error"])
+    add("--self-check", "at start-up, score a fixed probe set through the engine and through plain transformers "
+        "and refuse to start if they differ beyond the dtype's tolerance", action=argparse.BooleanOptionalAction)
+    add("--termination-log", "file that gets a one-paragraph reason when the model fails to load or the self-check "
+        "fails (Kubernetes terminationMessagePath)", type=Path)
+    add("--log-level", "logging level", choices=[level.value for level in LogLevel])
     return parser
+
+
+def _boolean(variable: str, raw: str) -> bool:
+    word = raw.strip().lower()
+    if word in TRUE_WORDS or word in FALSE_WORDS:
+        return word in TRUE_WORDS
+    raise ConfigError(f"{variable}={raw!r} is not a boolean: use true/false, yes/no, on/off or 1/0")
 
 
 def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
     values: dict[str, Any] = {}
-    for name in _FIELDS:
-        raw = environ.get(ENV_PREFIX + name.upper())
+    for name, field in _FIELDS.items():
+        variable = ENV_PREFIX + name.upper()
+        raw = environ.get(variable)
         if raw is not None:
-            values[name] = raw.lower() in {"1", "true", "yes"} if _FIELDS[name].annotation is bool else raw
+            values[name] = _boolean(variable, raw) if field.annotation is bool else raw
     return values
 
 
+def _from_file(path: Path) -> dict[str, Any]:
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise ConfigError(f"--config {path}: {' '.join(str(error).split())}") from None
+    if not isinstance(loaded, dict | None):
+        raise ConfigError(f"--config {path}: expected a mapping of flag names to values")
+    return {str(k).replace("-", "_"): v for k, v in (loaded or {}).items()}
+
+
+def _describe(error: ValidationError, sources: Mapping[str, str]) -> str:
+    parts = []
+    for detail in error.errors():
+        message = str(detail["msg"]).removeprefix("Value error, ")
+        if not detail["loc"]:  # a rule across settings: its message names them
+            parts.append(message)
+            continue
+        name = str(detail["loc"][0])
+        source = sources.get(name, "--" + name.replace("_", "-"))
+        given = detail.get("input")
+        shown = f"{source}={given!r}" if isinstance(given, str | int | float) else source
+        parts.append(f"{shown}: {message}")
+    return "; ".join(parts)
+
+
 def parse_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> WorkerConfig:
-    """argv (without the program name, starting with `serve`) → validated WorkerConfig."""
+    """argv (without the program name, starting with `serve`) → validated WorkerConfig; ConfigError otherwise."""
     args = vars(build_parser().parse_args(list(argv)))
     args.pop("command")
     config_file: Path | None = args.pop("config", None)
     values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     if config_file is not None:
-        values.update({k.replace("-", "_"): v for k, v in (yaml.safe_load(config_file.read_text()) or {}).items()})
-    values.update(_from_env(os.environ if environ is None else environ))
+        values.update(_from_file(config_file))
+        sources.update({name: f"--config {config_file}: {name}" for name in values})
+    from_env = _from_env(os.environ if environ is None else environ)
+    values.update(from_env)
+    sources.update({name: ENV_PREFIX + name.upper() for name in from_env})
     values.update(args)
-    return WorkerConfig.model_validate(values)
+    sources.update({name: "--" + name.replace("_", "-") for name in args})
+    try:
+        return WorkerConfig.model_validate(values)
+    except ValidationError as error:
+        raise ConfigError(_describe(error, sources)) from None
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     try:
         config = parse_config(argv)
-    except ValidationError as error:
-        build_parser().error(str(error))
+        if config.api_key_file is not None:
+            from scorekeeper_worker.auth import ApiKeys, KeyFileError
+
+            try:
+                ApiKeys(config.api_key_file)  # refuse a missing or empty key file before loading anything
+            except KeyFileError as error:
+                raise ConfigError(str(error)) from None
+    except ConfigError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        sys.exit(2)  # argparse's status for a usage error
     from scorekeeper_worker.server import run  # heavy imports (torch) only when serving
 
     run(config)

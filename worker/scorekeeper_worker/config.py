@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 class DType(StrEnum):
     FLOAT32 = "float32"
     BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
     AUTO = "auto"
 
 
@@ -23,6 +24,13 @@ class Device(StrEnum):
 class PooledHiddenStates(StrEnum):
     ALLOWED = "allowed"
     FORBIDDEN = "forbidden"
+
+
+class LogLevel(StrEnum):
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
 
 
 class AttentionBackendName(StrEnum):
@@ -40,8 +48,10 @@ class WorkerConfig(BaseModel):
     served_name: str | None = None
     dtype: DType = DType.FLOAT32
     device: Device = Device.CPU
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"  # loopback unless asked: the operator and the image pass 0.0.0.0
     port: int = Field(8000, ge=1, le=65535)
+    metrics_port: int | None = Field(None, ge=1, le=65535)
+    api_key_file: Path | None = None
     max_batch_tokens: int = Field(8192, ge=16)
     max_queue_tokens: int = Field(262144, ge=16)
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024)
@@ -58,7 +68,9 @@ class WorkerConfig(BaseModel):
     cuda_graph_max_seqs: int = Field(256, ge=1)
     attention_backend: AttentionBackendName = AttentionBackendName.AUTO
     drain_timeout_seconds: float = Field(30.0, ge=0)
-    log_level: str = "info"
+    self_check: bool = True
+    termination_log: Path = Path("/dev/termination-log")
+    log_level: LogLevel = LogLevel.INFO
 
     @field_validator("cuda_graph_token_buckets", mode="before")
     @classmethod
@@ -74,6 +86,8 @@ class WorkerConfig(BaseModel):
             raise ValueError("cuda_graph_token_buckets must be non-empty and strictly increasing")
         if buckets[-1] > self.cuda_graph_max_tokens:
             raise ValueError("cuda_graph_token_buckets must not exceed cuda_graph_max_tokens")
+        if self.metrics_port == self.port:
+            raise ValueError("--metrics-port must differ from --port")
         return self
 
     @property

@@ -13,13 +13,11 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
+from scorekeeper_worker.errors import ClientDisconnected
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 Receive = Callable[[], Awaitable[Mapping[str, Any]]]
-
-
-class ClientDisconnected(Exception):
-    """The client closed the connection before its response was ready; its work was dropped."""
 
 
 async def _disconnected(receive: Receive) -> None:

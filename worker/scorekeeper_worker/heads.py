@@ -1,13 +1,24 @@
 """Heads applied to gathered rows only (never to every token): pure functions over tensors.
 
-Each takes pooled trunk outputs `rows [n, H]` (one per scored item) and returns float32 scores `[n, k]`."""
+Each takes pooled trunk outputs `rows [n, H]` (one per scored item) and returns scores `[n, k]`. Classifier heads are
+the model's own modules (the support matrix names them), so a head is never re-implemented here. Scores are computed
+so they stay finite for every finite temperature > 0: softmax subtracts the maximum before dividing by the
+temperature (in float64), so a tiny temperature tends to the arg-max one-hot and a huge one to the uniform
+distribution, instead of overflowing to inf - inf = NaN."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from scorekeeper_worker.loader import ModelKind, ScoringModel
+from scorekeeper_worker.loader import HeadModules, ScoringModel
+
+
+def _apply(modules: HeadModules, x: torch.Tensor) -> torch.Tensor:
+    for module, reads_sequence in modules:
+        x = module(x[:, None, :]) if reads_sequence else module(x)
+    return x
+
 
 # Logits the full-vocabulary normaliser materialises at once: rows are taken in chunks of this many logits in all
 # (16 M: 64 MB of float32, ~110 rows of a 150k vocabulary), so its memory does not grow with the items of a job.
@@ -15,23 +26,19 @@ NORMALISER_ELEMENTS = 1 << 24
 
 
 def pre_head(model: ScoringModel, rows: torch.Tensor) -> torch.Tensor:
-    """The vector the head consumes (what `return_pooled_hidden_states` returns): the trunk's pooled row, passed
-    through BERT's pooler for BERT cross-encoders (their classifier reads the pooler output)."""
-    pooler = getattr(model.trunk, "pooler", None)
-    if model.kind == ModelKind.CROSS_ENCODER and pooler is not None:
-        return pooler(rows[:, None, :])
-    return rows
+    """The vector the head consumes (what `return_pooled_hidden_states` returns): the trunk's pooled row, through
+    the trunk's own pooler where the classifier reads that (BERT)."""
+    return _apply(model.pre_head, rows)
 
 
 def classifier_logits(model: ScoringModel, features: torch.Tensor) -> torch.Tensor:
-    """The model's own head on pre-head features: `score` (decoders), `classifier` (encoders; RoBERTa's head
-    reads the first token of a sequence, so it gets a length-1 sequence)."""
-    head = getattr(model.model, "score", None)
-    if head is None:
-        head = model.model.classifier
-    if isinstance(head, torch.nn.Linear):
-        return head(features).float()
-    return head(features[:, None, :]).float()
+    """The model's own head modules on pre-head features → float32 logits [n, num_labels]."""
+    return _apply(model.head, features).float()
+
+
+def _softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    shifted = logits.double() - logits.double().amax(dim=-1, keepdim=True)  # ≤ 0, and exactly 0 at the maximum
+    return torch.softmax(shifted / temperature, dim=-1)
 
 
 def classifier_scores(logits: torch.Tensor, apply_softmax: bool, temperature: float) -> torch.Tensor:
@@ -39,8 +46,8 @@ def classifier_scores(logits: torch.Tensor, apply_softmax: bool, temperature: fl
     if not apply_softmax:
         return logits
     if logits.shape[-1] == 1:
-        return torch.sigmoid(logits / temperature)
-    return torch.softmax(logits / temperature, dim=-1)
+        return torch.sigmoid(logits.double() / temperature)  # ±inf for extreme temperatures: sigmoid is 0 or 1
+    return _softmax(logits, temperature)
 
 
 def _softcap(model: ScoringModel, logits: torch.Tensor) -> torch.Tensor:
@@ -59,7 +66,7 @@ def causal_lm_scores(model: ScoringModel, rows: torch.Tensor, labels: torch.Tens
         label_logits = label_logits + head.bias[labels].float()
     label_logits = _softcap(model, label_logits)
     if apply_softmax:
-        return torch.softmax(label_logits / temperature, dim=-1)
+        return _softmax(label_logits, temperature)
     return torch.exp(label_logits - _log_normaliser(model, head, rows))
 
 

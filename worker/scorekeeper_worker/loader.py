@@ -1,11 +1,16 @@
-"""Load a local Hugging Face directory or a .gguf file and decide what kind of scoring model it is."""
+"""Load a local Hugging Face directory or a .gguf file as one of the kinds the support matrix lists, or refuse it.
+
+Refused at load, with a message naming what is wrong: an architecture outside the matrix (support.py), weights that
+transformers would initialise at random or that do not fit (missing / mismatched parameters, a head saved under
+other names), sentence-transformers modules the engine does not apply, and tokenizers whose special tokens are not
+`prefix + text + suffix`."""
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 
 import torch
@@ -20,28 +25,33 @@ from transformers import (
 )
 
 from scorekeeper_worker.attention import ATTENTION_NAME
-from scorekeeper_worker.config import DType
+from scorekeeper_worker.config import Device, DType
+from scorekeeper_worker.dtypes import DTypeChoice, choose_dtype, detect_hardware, dtype_name
+from scorekeeper_worker.special_tokens import SpecialTokens, special_tokens
+from scorekeeper_worker.support import (
+    ArchitectureSupport,
+    Execution,
+    HeadStep,
+    KindSupport,
+    ModelKind,
+    Pooling,
+    PoolingSource,
+    UnsupportedModel,
+    resolve,
+)
 
+__all__ = ["HeadModules", "ModelKind", "Pooling", "ScoringModel", "load_model"]
 log = logging.getLogger(__name__)
 
-# Encoders whose position ids start after the padding index (RoBERTa family).
-_OFFSET_POSITION_TYPES = {"roberta", "xlm-roberta", "camembert"}
-_ENCODER_TYPES = {"bert", "roberta", "xlm-roberta", "camembert", "electra"}
-# DistilBERT's head runs pre_classifier + ReLU before the classifier; refuse rather than score it wrongly.
-_UNSUPPORTED_TYPES = {"distilbert"}
+_AUTO_CLASS = {ModelKind.CAUSAL_LM: AutoModelForCausalLM, ModelKind.EMBEDDING: AutoModel,
+               ModelKind.CLASSIFIER: AutoModelForSequenceClassification,
+               ModelKind.CROSS_ENCODER: AutoModelForSequenceClassification}
+# sentence-transformers modules that do not change cosine scores (Normalize only rescales).
+_SENTENCE_TRANSFORMERS_MODULES = {"Transformer", "Pooling", "Normalize"}
+_POOLING_MODES = {"pooling_mode_cls_token": Pooling.CLS, "pooling_mode_mean_tokens": Pooling.MEAN,
+                  "pooling_mode_lasttoken": Pooling.LAST}
 
-
-class ModelKind(StrEnum):
-    CAUSAL_LM = "causal_lm"  # label-token probabilities at the item's last token
-    CLASSIFIER = "classifier"  # decoder *ForSequenceClassification, reward models when num_labels == 1
-    CROSS_ENCODER = "cross_encoder"  # encoder *ForSequenceClassification on (query, item) pairs
-    EMBEDDING = "embedding"  # bi-encoder: cosine of pooled query and item embeddings
-
-
-class EmbeddingPooling(StrEnum):
-    MEAN = "mean"
-    CLS = "cls"
-    LAST = "last"
+HeadModules = tuple[tuple[torch.nn.Module, bool], ...]  # (module, reads token 0 of a sequence)
 
 
 @dataclass
@@ -60,86 +70,122 @@ class ScoringModel:
     max_positions: int
     position_start: int
     uses_token_types: bool
-    embedding_pooling: EmbeddingPooling = EmbeddingPooling.MEAN
+    pooling: Pooling
+    specials: SpecialTokens  # decoders: where the tokenizer puts its specials around one sequence
+    support: ArchitectureSupport
+    pre_head: HeadModules = ()
+    head: HeadModules = ()
 
     @property
     def is_decoder(self) -> bool:
         return self.kind in (ModelKind.CAUSAL_LM, ModelKind.CLASSIFIER)
 
     @property
+    def packed(self) -> bool:
+        return self.support.execution == Execution.PACKED
+
+    @property
     def has_pooled_hidden_states(self) -> bool:
         return self.kind != ModelKind.CAUSAL_LM
 
 
-def _torch_dtype(dtype: DType, config_dtype: object) -> torch.dtype:
-    if dtype == DType.AUTO:
-        return torch.bfloat16 if str(config_dtype).endswith("bfloat16") else torch.float32
-    return torch.bfloat16 if dtype == DType.BFLOAT16 else torch.float32
-
-
-def _embedding_pooling(path: Path) -> EmbeddingPooling | None:
-    """sentence-transformers layout: modules.json names a Pooling module whose config says how to pool."""
+def _sentence_transformers_pooling(path: Path) -> Pooling | None:
+    """The pooling of a sentence-transformers directory (modules.json), or None without one. Modules that would change
+    the embedding beyond what the engine computes (Dense, max pooling, ...) are refused."""
     modules_file = path / "modules.json"
     if not modules_file.exists():
         return None
+    pooling: Pooling | None = None
     for module in json.loads(modules_file.read_text()):
-        if module.get("type", "").endswith("Pooling"):
-            pooling = json.loads((path / module["path"] / "config.json").read_text())
-            if pooling.get("pooling_mode_cls_token"):
-                return EmbeddingPooling.CLS
-            if pooling.get("pooling_mode_lasttoken"):
-                return EmbeddingPooling.LAST
-            return EmbeddingPooling.MEAN
-    return EmbeddingPooling.MEAN
+        module_type = module.get("type", "").rsplit(".", 1)[-1]
+        if module_type not in _SENTENCE_TRANSFORMERS_MODULES:
+            raise UnsupportedModel(f"sentence-transformers module {module.get('type')!r} ({module.get('path')}) "
+                                   f"is not applied by the engine; supported: {sorted(_SENTENCE_TRANSFORMERS_MODULES)}")
+        if module_type == "Pooling":
+            settings = json.loads((path / module["path"] / "config.json").read_text())
+            modes = [key for key, value in settings.items() if key.startswith("pooling_mode") and value]
+            if len(modes) != 1 or modes[0] not in _POOLING_MODES:
+                raise UnsupportedModel(f"sentence-transformers pooling {modes} is not supported; exactly one of "
+                                       f"{sorted(_POOLING_MODES)}")
+            pooling = _POOLING_MODES[modes[0]]
+    return pooling
 
 
-def _detect_kind(path: Path, architecture: str, model_type: str) -> ModelKind:
-    if model_type in _UNSUPPORTED_TYPES:
-        raise ValueError(f"unsupported model type {model_type!r}: its classifier head has layers the worker does "
-                         "not apply (supported encoders: " + ", ".join(sorted(_ENCODER_TYPES)) + ")")
-    if architecture.endswith("ForCausalLM"):
-        return ModelKind.CAUSAL_LM
-    if architecture.endswith(("ForSequenceClassification", "ForRewardModel")):
-        return ModelKind.CROSS_ENCODER if model_type in _ENCODER_TYPES else ModelKind.CLASSIFIER
-    if _embedding_pooling(path) is not None or architecture.endswith("Model"):
-        return ModelKind.EMBEDDING
-    raise ValueError(f"unsupported architecture {architecture!r}: expected *ForCausalLM, "
-                     "*ForSequenceClassification or a sentence-transformers encoder")
+def _pooling(path: Path, config: object, kind: KindSupport) -> Pooling:
+    if kind.pooling_source == PoolingSource.CLASSIFIER_POOLING:
+        return Pooling(getattr(config, "classifier_pooling", kind.pooling.value))
+    if kind.pooling_source == PoolingSource.SENTENCE_TRANSFORMERS:
+        return _sentence_transformers_pooling(path) or kind.pooling
+    return kind.pooling
 
 
-def _load_hf(path: Path, torch_dtype: DType) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, ModelKind]:
+def _check_weights(info: Mapping[str, Iterable[object]], arch: ArchitectureSupport, kind: KindSupport,
+                   prefix: str) -> None:
+    """transformers' loading report (`output_loading_info=True`) → refuse anything it initialised at random or could
+    not load as saved."""
+    unused = arch.unused_in_embedding if kind.kind == ModelKind.EMBEDDING else ()
+    missing = sorted(str(k) for k in info.get("missing_keys", ()) if not str(k).startswith(unused))
+    mismatched = sorted(str(k) for k in info.get("mismatched_keys", ()))
+    unexpected = sorted(str(k) for k in info.get("unexpected_keys", ()))
+    problems = []
+    if missing:
+        problems.append(f"missing from the checkpoint (transformers would initialise them at random): {missing}")
+    if mismatched:
+        problems.append(f"saved with other shapes: {mismatched}")
+    stray = [k for k in unexpected if not k.startswith(prefix + ".")] if kind.head else []
+    if stray:  # head weights under names this class does not use: a head saved by another class
+        problems.append(f"in the checkpoint but not used by {arch.class_prefix}{kind.class_suffix}: {stray}")
+    if problems:
+        raise UnsupportedModel("incomplete or mismatched weights: parameters " + "; parameters ".join(problems))
+    if unexpected:
+        log.warning("checkpoint parameters not used by %s%s: %s", arch.class_prefix, kind.class_suffix, unexpected)
+
+
+def _modules(model: PreTrainedModel, steps: tuple[HeadStep, ...]) -> HeadModules:
+    return tuple((model.get_submodule(step.module), step.sequence) for step in steps)
+
+
+def _load_hf(path: Path, dtype: DType, device: Device) -> tuple[PreTrainedModel, ArchitectureSupport, KindSupport,
+                                                               DTypeChoice]:
     config = AutoConfig.from_pretrained(path)
     architecture = (config.architectures or [type(config).__name__])[0]
-    kind = _detect_kind(path, architecture, config.model_type)
-    auto = {ModelKind.CAUSAL_LM: AutoModelForCausalLM, ModelKind.EMBEDDING: AutoModel}.get(
-        kind, AutoModelForSequenceClassification)
-    dtype = _torch_dtype(torch_dtype, getattr(config, "dtype", None))
-    model = auto.from_pretrained(path, dtype=dtype)
-    return model, AutoTokenizer.from_pretrained(path), kind
+    arch, kind = resolve(architecture, config.model_type)
+    choice = choose_dtype(dtype, getattr(config, "dtype", None), detect_hardware(device))
+    model, info = _AUTO_CLASS[kind.kind].from_pretrained(path, dtype=choice.dtype, output_loading_info=True)
+    if type(model).__name__ != architecture:  # the auto class chose another class than the checkpoint names
+        raise UnsupportedModel(f"{architecture} loaded as {type(model).__name__}; the checkpoint's own class is needed")
+    _check_weights(info, arch, kind, model.base_model_prefix)
+    return model, arch, kind, choice
 
 
 def load_model(path: Path, dtype: DType, device: str, name: str) -> ScoringModel:
+    device_kind = Device(device)
     if path.suffix == ".gguf":
-        from scorekeeper_worker.model_files import load_gguf
+        from scorekeeper_worker.model_files import load_gguf  # checks that every parameter was converted
 
-        model, tokenizer = load_gguf(path, _torch_dtype(dtype, None))
-        kind = ModelKind.CAUSAL_LM
+        choice = choose_dtype(dtype, None, detect_hardware(device_kind))
+        model, tokenizer = load_gguf(path, choice.dtype)
+        arch, kind = resolve(type(model).__name__, model.config.model_type)
     else:
-        model, tokenizer, kind = _load_hf(path, dtype)
-    model = model.to(device=device, dtype=_torch_dtype(dtype, model.dtype)).eval()
+        model, arch, kind, choice = _load_hf(path, dtype, device_kind)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    model = model.to(device=device, dtype=choice.dtype).eval()
     model.requires_grad_(False)
-    model.set_attn_implementation(ATTENTION_NAME)
+    if arch.execution == Execution.PACKED:
+        model.set_attn_implementation(ATTENTION_NAME)
     config = model.config
-    trunk = model if kind == ModelKind.EMBEDDING else model.base_model
-    offset = config.pad_token_id + 1 if config.model_type in _OFFSET_POSITION_TYPES else 0
-    if kind == ModelKind.CAUSAL_LM:
+    trunk = model if kind.kind == ModelKind.EMBEDDING else model.base_model
+    offset = config.pad_token_id + 1 if arch.position_offset else 0
+    if kind.kind == ModelKind.CAUSAL_LM:
         logit_size = model.get_output_embeddings().weight.shape[0]
     else:
         logit_size = getattr(config, "num_labels", 0)
-    log.info("loaded %s (%s, %s) from %s", type(model).__name__, kind, model.dtype, path)
+    pooling = _pooling(path, config, kind)
+    log.info("loaded %s (%s, %s pooling) from %s; dtype %s (%s)", type(model).__name__, kind.kind, pooling, path,
+             dtype_name(choice.dtype), choice.reason)
     return ScoringModel(
         name=name,
-        kind=kind,
+        kind=kind.kind,
         model=model,
         trunk=trunk,
         tokenizer=tokenizer,
@@ -150,5 +196,10 @@ def load_model(path: Path, dtype: DType, device: str, name: str) -> ScoringModel
         max_positions=config.max_position_embeddings - offset,
         position_start=offset,
         uses_token_types=getattr(config, "type_vocab_size", 0) > 1,
-        embedding_pooling=_embedding_pooling(path) or EmbeddingPooling.MEAN,
+        pooling=pooling,
+        # Decoders join query and item themselves; encoders use the tokenizer's own single and pair encodings.
+        specials=special_tokens(tokenizer) if arch.decoder else SpecialTokens([], []),
+        support=arch,
+        pre_head=_modules(model, kind.pre_head),
+        head=_modules(model, kind.head),
     )

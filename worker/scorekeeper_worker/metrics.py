@@ -79,6 +79,12 @@ class WorkerMetrics:
         self.model_load_seconds = Gauge("scorekeeper_model_load_seconds", "Time to load the model", registry=r)
         self.warmup_seconds = Gauge("scorekeeper_warmup_seconds", "Time of the warm-up batch", registry=r)
         self.ready = Gauge("scorekeeper_ready", "1 when the model is loaded and warm", registry=r)
+        self.self_check_deviation = Gauge("scorekeeper_self_check_deviation",
+                                          "Start-up self-check: largest relative score difference between the "
+                                          "engine and plain transformers on the probe set", registry=r)
+        self.self_check_tolerance = Gauge("scorekeeper_self_check_tolerance",
+                                          "Start-up self-check: the largest deviation accepted for the model's dtype",
+                                          registry=r)
         self.info = Info("scorekeeper_model", "Served model", registry=r)
         self.build_info = Info("scorekeeper_build", "Worker build: package versions", registry=r)
         # The configured budgets, so dashboards can show batch fill and queue fill as ratios.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from scorekeeper_worker.loader import EmbeddingPooling, ModelKind, ScoringModel
+from scorekeeper_worker.loader import ModelKind, Pooling, ScoringModel
 from scorekeeper_worker.packing import PackUnit, Pool
 from scorekeeper_worker.schemas import BadRequest, RequestTooLarge, ScoreRequest
 
@@ -61,12 +61,12 @@ def tokenize(model: ScoringModel, request: ScoreRequest) -> Tokenized:
     if model.kind == ModelKind.EMBEDDING:
         encoded = tok([request.query, *texts])["input_ids"]
         return Tokenized(encoded[0], encoded[1:])
-    # Decoders: the leading part keeps the tokenizer's specials (BOS), the trailing part gets none.
-    if request.item_first:
-        lead = tok(texts)["input_ids"] if texts else []
-        return Tokenized(tok(request.query, add_special_tokens=False)["input_ids"], lead)
-    query = tok(request.query)["input_ids"]
-    return Tokenized(query, tok(texts, add_special_tokens=False)["input_ids"] if texts else [])
+    # Decoders: the tokenizer's specials where it puts them for the joined text (BOS first, EOS last).
+    specials = model.specials
+    first, second = (texts, [request.query]) if request.item_first else ([request.query], texts)
+    lead = [specials.prefix + ids for ids in tok(first, add_special_tokens=False)["input_ids"]] if first else []
+    tail = [ids + specials.suffix for ids in tok(second, add_special_tokens=False)["input_ids"]] if second else []
+    return Tokenized(tail[0], lead) if request.item_first else Tokenized(lead[0], tail)
 
 
 def _too_long(model: ScoringModel, length: int, what: str) -> None:
@@ -74,6 +74,11 @@ def _too_long(model: ScoringModel, length: int, what: str) -> None:
         raise BadRequest(f"{what}: sequence of {length} tokens exceeds the model's maximum of {model.max_positions}")
     if length == 0:
         raise BadRequest(f"{what}: empty sequence (empty query and empty item, no special tokens) cannot be scored")
+
+
+def _pooled(pooling: Pooling, length: int) -> range:
+    """The tokens of a sequence whose outputs are averaged into its pooled row."""
+    return {Pooling.CLS: range(1), Pooling.MEAN: range(length), Pooling.LAST: range(length - 1, length)}[pooling]
 
 
 def _admit(planned: int, limit: int | None, how: str) -> None:
@@ -122,7 +127,8 @@ def plan(model: ScoringModel, request: ScoreRequest, tokens: Tokenized, job: obj
         planned = sum(len(ids) for ids, _ in tokens.pairs)
         _admit(planned, max_request_tokens, "the query is repeated for every item")
         units = [PackUnit(ids, token_types=types if model.uses_token_types else None, position_start=start,
-                          pools=[Pool(range(1), (job, i))]) for i, (ids, types) in enumerate(tokens.pairs)]
+                          pools=[Pool(_pooled(model.pooling, len(ids)), (job, i))])
+                 for i, (ids, types) in enumerate(tokens.pairs)]
         return ScorePlan(units, planned, False)
     if model.kind == ModelKind.EMBEDDING:
         sequences = [(QUERY_SLOT, tokens.query), *enumerate(tokens.items)]
@@ -130,11 +136,8 @@ def plan(model: ScoringModel, request: ScoreRequest, tokens: Tokenized, job: obj
             _too_long(model, len(ids), "query" if slot == QUERY_SLOT else f"items[{slot}]")
         planned = sum(len(ids) for _, ids in sequences)
         _admit(planned, max_request_tokens, "the query and every item once")
-        units = []
-        for slot, ids in sequences:
-            offsets = {EmbeddingPooling.MEAN: range(len(ids)), EmbeddingPooling.CLS: range(1),
-                       EmbeddingPooling.LAST: range(len(ids) - 1, len(ids))}[model.embedding_pooling]
-            units.append(PackUnit(ids, position_start=start, pools=[Pool(offsets, (job, slot))]))
+        units = [PackUnit(ids, position_start=start, pools=[Pool(_pooled(model.pooling, len(ids)), (job, slot))])
+                 for slot, ids in sequences]
         return ScorePlan(units, planned, False)
     query = tokens.query
     for i, item in enumerate(tokens.items):

@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable
 
 from scorekeeper_worker.batching import OpenRequest, arrival_turn, size_class, take_batch
+from scorekeeper_worker.errors import Overloaded
 from scorekeeper_worker.executor import BatchStats, Executor
 from scorekeeper_worker.jobs import ScoreJob
 from scorekeeper_worker.metrics import WorkerMetrics
@@ -26,10 +27,6 @@ log = logging.getLogger(__name__)
 # Sees every batch (job and unit per entry) on the model thread just before it runs. A test hook: observing batch
 # composition, or holding the model thread so that a test sets up the queue deterministically, never by timing.
 BatchObserver = Callable[[list[tuple[ScoreJob, PackUnit]]], None]
-
-
-class Overloaded(Exception):
-    """The queue is full; the client should retry later."""
 
 
 class Scheduler:

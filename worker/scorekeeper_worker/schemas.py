@@ -1,42 +1,114 @@
-"""HTTP contract: pydantic models for /v1/score (SGLang-compatible superset) and /v1/rerank (Cohere/Jina shape)."""
+"""HTTP contract: pydantic models for /v1/score (SGLang-compatible superset) and /v1/rerank (Cohere/Jina shape).
+
+Requests are validated strictly (score-api.md, "Every error has one shape"): `true` is not 1, `"1"` is not 1, `1.5`
+is not a token id (`1.0` is one, as JSON Schema reads it), non-finite numbers and integers beyond 2**53 are refused,
+and text must be valid Unicode (a lone surrogate, or invalid UTF-8 that the body parser kept as one, is a 400 naming
+the field). Unions are discriminated by the input's shape, so an error names one reading of the field (`items[1]`),
+not every reading pydantic tried; their tags are written `<...>` and left out of the field path in messages
+(errors.py).
+"""
 
 from __future__ import annotations
 
-import math
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 
+from scorekeeper_worker.errors import BadRequest, ErrorResponse, RequestTooLarge, ResponseTooLarge
 
-class BadRequest(ValueError):
-    """A client error; the message names the field (turned into HTTP 400)."""
+# Re-exported: the rest of the worker imports them from here.
+__all__ = ["BadRequest", "ErrorResponse", "RequestTooLarge", "ResponseTooLarge"]
 
-
-class ResponseTooLarge(BadRequest):
-    """The response could exceed `--max-response-bytes` (HTTP 400, counted as a rejection)."""
-
-
-class RequestTooLarge(Exception):
-    """The request would run more tokens than `--max-request-tokens` (HTTP 413); the message names the field."""
-
-
+# The largest integer a request may hold: beyond it a JSON number is no longer exact in every client (JavaScript,
+# float64 parsers), and it is far beyond any vocabulary or count. Larger ones, 64-bit and more, are a 400.
+MAX_INT = 2**53 - 1
 # SGLang 0.5.23 request fields with semantics this server does not implement: refused, never silently ignored.
 UNSUPPORTED_SGLANG_FIELDS = ("return_token_logprobs", "score_extraction_token", "embed_override_token_id",
                              "query_embed_overrides", "item_embed_overrides")
+STRICT = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
+
+
+def _valid_text(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(f"not valid Unicode text at character {error.start} (a lone surrogate, or bytes that are "
+                         "not UTF-8)") from None
+    return value
+
+
+def _integral(value: Any) -> Any:
+    """A number with no fractional part is an integer in JSON Schema (the OpenAPI document's language): 2.0 → 2."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _shape(value: Any) -> str | None:
+    """The reading of a union field that fits the input's shape (None: no reading fits)."""
+    if isinstance(value, str):
+        return "<text>"
+    if isinstance(value, list):
+        return "<lists>" if value and isinstance(value[0], list) else "<list>"
+    return None
+
+
+def _query_shape(value: Any) -> str | None:
+    shape = _shape(value)
+    return "<list>" if shape == "<lists>" else shape  # a list of lists is read as token ids, and refused as such
+
+
+def _label_shape(value: Any) -> str | None:
+    shape = _shape(value)
+    return None if shape == "<text>" else shape
+
+
+Text = Annotated[str, AfterValidator(_valid_text)]
+TokenId = Annotated[int, Field(ge=0, le=MAX_INT), BeforeValidator(_integral)]
+TokenIds = list[TokenId]
+Query = Annotated[
+    Annotated[Text, Tag("<text>")] | Annotated[TokenIds, Tag("<list>")],
+    Discriminator(_query_shape, custom_error_type="query_type",
+                  custom_error_message="Input should be text or a list of token ids"),
+]
+Items = Annotated[
+    Annotated[Text, Tag("<text>")] | Annotated[list[Text], Tag("<list>")]
+    | Annotated[list[TokenIds], Field(min_length=1), Tag("<lists>")],
+    Discriminator(_shape, custom_error_type="items_type",
+                  custom_error_message="Input should be text, a list of texts or a list of token-id lists"),
+]
+LabelTokenIds = Annotated[
+    Annotated[TokenIds, Tag("<list>")] | Annotated[list[TokenIds], Field(min_length=1), Tag("<lists>")],
+    Discriminator(_label_shape, custom_error_type="label_ids_type",
+                  custom_error_message="Input should be a list of token ids, or one such list per item"),
+]
+Temperature = Annotated[float, Field(gt=0)]
+
+
+def _score_schema(schema: dict[str, Any]) -> None:
+    """What validation checks across fields, said in the schema too, so that schema-driven clients (and fuzzers)
+    know which bodies are valid."""
+    text = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+    schema["anyOf"] = [
+        {"properties": {"query": {"type": ["string", "null"]}, "items": text}},
+        {"properties": {"query": {"type": ["array", "null"]}, "items": {"type": "array", "items": {"type": "array"}}}},
+    ]
+    schema["if"] = {"required": ["temperature"], "properties": {"temperature": {"not": {"const": 1}}}}
+    schema["then"] = {"required": ["apply_softmax"], "properties": {"apply_softmax": {"const": True}}}
+    for name in UNSUPPORTED_SGLANG_FIELDS:
+        schema["properties"][name] = {"enum": [None, False], "description": "not supported by this server"}
 
 
 class ScoreRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(**STRICT, json_schema_extra=_score_schema)
 
-    query: str | list[int] | None = Field("", description="text, or token ids")
-    items: str | list[str] | list[list[int]] | None = Field(None, description="a bare string is one item")
-    label_token_ids: list[int] | list[list[int]] | None = Field(
+    query: Query | None = Field(None, description="text, or token ids; missing or null: empty, of the items' kind")
+    items: Items = Field(description="a bare string is one item")
+    label_token_ids: LabelTokenIds | None = Field(
         None, description="causal LM: label tokens, one list for all items or one list per item")
     apply_softmax: bool = False
     item_first: bool = False
-    model: str = "default"
+    model: Text = "default"
     return_pooled_hidden_states: bool = False
-    temperature: float = 1.0
+    temperature: Temperature = Field(1.0, description="≠ 1 requires apply_softmax")
     multi_item_scoring: bool | None = Field(
         None, description="per-request override of the server's multi-item scoring (decoder models)")
 
@@ -45,26 +117,17 @@ class ScoreRequest(BaseModel):
     def _refuse_unsupported(cls, data: object) -> object:
         if isinstance(data, dict):
             for name in UNSUPPORTED_SGLANG_FIELDS:
-                if data.get(name) not in (None, False):
+                if data.get(name) is not None and data.get(name) is not False:
                     raise BadRequest(f"{name} is not supported by this server")
         return data
 
-    @field_validator("temperature")
-    @classmethod
-    def _finite_positive(cls, value: float) -> float:
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError("temperature must be finite and greater than zero")
-        return value
-
     @model_validator(mode="after")
     def _consistent(self) -> ScoreRequest:
-        if self.items is None:
-            raise BadRequest("items must be provided")
         if self.temperature != 1.0 and not self.apply_softmax:
             raise BadRequest("temperature requires apply_softmax=true")
-        if self.query is None:
-            self.query = [] if self.items and isinstance(self.items, list) and isinstance(self.items[0], list) else ""
         items = [self.items] if isinstance(self.items, str) else self.items
+        if self.query is None:
+            self.query = [] if items and isinstance(items[0], list) else ""
         if items and isinstance(self.query, str) != isinstance(items[0], str):
             raise BadRequest("query and items must be the same kind: all text or all token ids")
         self.items = items
@@ -91,12 +154,12 @@ class ScoreResponse(BaseModel):
 
 
 class RerankRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
-    query: str
-    documents: list[str]
-    model: str = "default"
-    top_n: int | None = Field(None, ge=1)
+    query: Text
+    documents: list[Text]
+    model: Text = "default"
+    top_n: Annotated[int, Field(ge=1, le=MAX_INT), BeforeValidator(_integral)] | None = None
     return_documents: bool = False
 
 
@@ -125,8 +188,5 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
-class ErrorResponse(BaseModel):
-    object: Literal["error"] = "error"
-    message: str
-    type: str
-    code: int
+class Status(BaseModel):
+    status: str

@@ -1,161 +1,143 @@
-"""HTTP: FastAPI routes, error mapping (400/413/429/503/504, never 500 for bad input), metrics, graceful drain."""
+"""HTTP: the FastAPI app (routes, their declared errors) wrapped in pure-ASGI layers, and the server that drains.
+
+Layers, outermost first: RequestContext (request id, metrics, the error of last resort), ApiKeyAuth (with
+--api-key-file), BodyLimit (--max-request-bytes as bytes arrive), then FastAPI's exception handlers and routes.
+Every non-2xx answer goes through one mapping (errors.error_for) and has the same shape.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import math
+import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import ValidationError
+from starlette.exceptions import HTTPException
 
+from scorekeeper_worker.auth import PROTECTED_PREFIX, ApiKeyAuth, ApiKeys
+from scorekeeper_worker.body_limit import BodyLimit
 from scorekeeper_worker.config import WorkerConfig
-from scorekeeper_worker.disconnect import ClientDisconnected, cancel_on_disconnect
+from scorekeeper_worker.disconnect import cancel_on_disconnect
+from scorekeeper_worker.drain import Drain, DrainingServer
+from scorekeeper_worker.errors import NotReady, error_responses
+from scorekeeper_worker.json_body import JSONRoute
+from scorekeeper_worker.logs import install_request_ids, uvicorn_log_config
 from scorekeeper_worker.metrics import WorkerMetrics
+from scorekeeper_worker.metrics_server import MetricsServer
+from scorekeeper_worker.request_context import ErrorReporter, RequestContext
 from scorekeeper_worker.rerank import rerank
-from scorekeeper_worker.scheduler import Overloaded
 from scorekeeper_worker.schemas import (
-    BadRequest,
-    ErrorResponse,
     ModelCard,
     ModelList,
-    RequestTooLarge,
     RerankRequest,
     RerankResponse,
-    ResponseTooLarge,
     ScoreRequest,
     ScoreResponse,
+    Status,
 )
-from scorekeeper_worker.service import NotReady, RequestTimedOut, ScoringService
+from scorekeeper_worker.service import ScoringService
+from scorekeeper_worker.termination import EXIT_LOAD_FAILED, failure_reason, write_termination_message
 
 log = logging.getLogger(__name__)
-RETRY_AFTER_SECONDS = "1"
-SCORING_PATHS = frozenset({"/v1/score", "/v1/rerank"})
+STARTUP_FAILURE = 3  # uvicorn's exit status when the app cannot start (port taken, lifespan failed)
+# Every route can answer these: a wrong method, a body over the limit (any request may carry one), a bug.
+ANY_ROUTE = (405, 413, 500)
+REQUEST_ID_HEADER = {"x-request-id": {"description": "the request's id (the client's x-request-id, or a new one); "
+                                                     "log lines written for the request carry it",
+                                      "schema": {"type": "string"}, "required": True}}
 
 
-def _error(code: int, kind: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    body = ErrorResponse(message=message, type=kind, code=code).model_dump()
-    return JSONResponse(body, status_code=code, headers=headers)
-
-
-def _validation_message(error: ValidationError | RequestValidationError) -> str:
-    parts = []
-    for detail in error.errors():
-        where = ".".join(str(p) for p in detail.get("loc", ()) if p != "body")
-        message = str(detail.get("msg", "")).removeprefix("Value error, ")
-        parts.append(f"{where}: {message}" if where else message)
-    return "; ".join(parts)
+def _openapi(app: FastAPI, secured: bool) -> dict[str, Any]:
+    """FastAPI's document, less its 422 (validation errors are 400s here), plus what the ASGI layers add: the
+    x-request-id header, and the bearer scheme on /v1."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        for unused in ("HTTPValidationError", "ValidationError"):
+            schema["components"]["schemas"].pop(unused, None)
+        if secured:
+            schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        for path, operations in schema["paths"].items():
+            for operation in operations.values():
+                operation["responses"].pop("422", None)
+                for response in operation["responses"].values():
+                    response["headers"] = {**response.get("headers", {}), **REQUEST_ID_HEADER}
+                if secured and path.startswith(PROTECTED_PREFIX):
+                    operation["security"] = [{"bearer": []}]
+        app.openapi_schema = schema
+    return app.openapi_schema
 
 
 def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI:
+    install_request_ids()
     metrics = WorkerMetrics()
     metrics.configure(config)
     service = ScoringService(config, metrics)
+    drain = Drain()
+    keys = ApiKeys(config.api_key_file) if config.api_key_file is not None else None
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        scrapes = None
+        if config.metrics_port is not None:
+            scrapes = MetricsServer(metrics.registry, config.host, config.metrics_port)
+            scrapes.start()
+
         def load() -> None:
             try:
                 service.load()
-            except Exception:  # keep /health alive but never ready; the log says why
+            except Exception as error:  # never ready; `run` writes the reason and exits non-zero
+                service.failure = failure_reason(config.model, error)
                 service.failed = True
                 log.exception("model failed to load")
+                on_failure: Callable[[str], None] | None = getattr(app.state, "on_load_failure", None)
+                if on_failure is not None:
+                    on_failure(service.failure)
 
         loader = threading.Thread(target=load, name="scorekeeper-load", daemon=True)
         loader.start()
         if not load_in_background:
             loader.join()
         yield
-        service.stop()  # uvicorn has already drained in-flight HTTP requests
+        service.stop()  # the server has already drained in-flight HTTP requests
+        if scrapes is not None:
+            scrapes.stop()
 
     app = FastAPI(title="Scorekeeper worker", version="0.1.0", lifespan=lifespan)
+    app.router.route_class = JSONRoute
     app.state.service = service
     app.state.metrics = metrics
+    app.state.drain = drain
 
+    reporter = ErrorReporter(metrics)
+
+    async def on_error(request: Request, error: Exception) -> Response:
+        return reporter.answer(error, request.method, request.url.path)
+
+    app.add_exception_handler(HTTPException, on_error)
+    app.add_exception_handler(RequestValidationError, on_error)
     routes: set[str] = set()  # filled once every route is declared (end of create_app)
+    app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes)  # innermost of the three
+    if keys is not None:
+        app.add_middleware(ApiKeyAuth, keys=keys)
+    app.add_middleware(RequestContext, metrics=metrics, drain=drain, routes=routes, reporter=reporter)
 
-    @app.middleware("http")
-    async def limits_and_metrics(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        started = time.perf_counter()
-        path = request.url.path
-        scoring = path in SCORING_PATHS
-        length = request.headers.get("content-length")
-        if length is None and request.method == "POST":
-            # Chunked upload: no declared length, so measure the body (Starlette hands the read body on).
-            length = str(len(await request.body()))
-        if length is not None and length.isdigit() and int(length) > config.max_request_bytes:
-            metrics.rejected.labels("body_too_large").inc()
-            response: Response = _error(413, "RequestTooLarge",
-                                        f"body of {length} bytes exceeds the limit of {config.max_request_bytes}")
-        else:
-            if scoring:  # only scoring work: a scrape or probe must not count itself as in flight
-                metrics.inflight.inc()
-            try:
-                response = await call_next(request)
-            finally:
-                if scoring:
-                    metrics.inflight.dec()
-        # One label value per declared route, never the raw path: scanners probing random URLs would otherwise
-        # create an unbounded number of series.
-        metrics.requests.labels(path if path in routes else "other", str(response.status_code)).inc()
-        if scoring:
-            metrics.stage_seconds.labels("end_to_end").observe(time.perf_counter() - started)
-        return response
-
-    @app.exception_handler(Exception)
-    async def on_internal_error(_: Request, error: Exception) -> JSONResponse:
-        log.exception("internal error")
-        return _error(500, "InternalServerError", f"internal error: {type(error).__name__}")
-
-    @app.exception_handler(RequestValidationError)
-    async def on_schema_error(_: Request, error: RequestValidationError) -> JSONResponse:
-        return _error(400, "BadRequestError", _validation_message(error))
-
-    @app.exception_handler(BadRequest)
-    async def on_bad_request(_: Request, error: BadRequest) -> JSONResponse:
-        return _error(400, "BadRequestError", str(error))
-
-    @app.exception_handler(ResponseTooLarge)
-    async def on_response_too_large(_: Request, error: ResponseTooLarge) -> JSONResponse:
-        metrics.rejected.labels("response_bytes").inc()
-        return _error(400, "BadRequestError", str(error))
-
-    @app.exception_handler(RequestTooLarge)
-    async def on_too_many_tokens(_: Request, error: RequestTooLarge) -> JSONResponse:
-        metrics.rejected.labels("request_tokens").inc()
-        return _error(413, "RequestTooLarge", str(error))
-
-    @app.exception_handler(RequestTimedOut)
-    async def on_timeout(_: Request, error: RequestTimedOut) -> JSONResponse:
-        return _error(504, "GatewayTimeout", str(error))
-
-    @app.exception_handler(ClientDisconnected)
-    async def on_disconnect(_: Request, error: ClientDisconnected) -> JSONResponse:
-        # Nobody reads this response; the status (nginx's "client closed request") shows up in the request metrics.
-        metrics.cancelled.labels("disconnect").inc()
-        return _error(499, "ClientClosedRequest", str(error))
-
-    @app.exception_handler(Overloaded)
-    async def on_overload(_: Request, error: Overloaded) -> JSONResponse:
-        metrics.rejected.labels("queue_full").inc()
-        return _error(429, "TooManyRequests", f"server busy: {error}", {"Retry-After": RETRY_AFTER_SECONDS})
-
-    @app.exception_handler(NotReady)
-    async def on_not_ready(_: Request, error: NotReady) -> JSONResponse:
-        return _error(503, "ServiceUnavailable", str(error), {"Retry-After": RETRY_AFTER_SECONDS})
+    v1 = (401,) if keys is not None else ()
+    scoring_errors = error_responses(400, *v1, 429, 503, 504, *ANY_ROUTE)
 
     # Scoring routes race their work against the client's connection (a disconnect drops the queued work) and
     # serialise in a worker thread (a large response must not stall the event loop).
-    @app.post("/v1/score", response_model=ScoreResponse, responses={400: {"model": ErrorResponse}})
+    @app.post("/v1/score", response_model=ScoreResponse, responses=scoring_errors)
     async def score(body: ScoreRequest, http: Request) -> Response:
         response = await cancel_on_disconnect(service.score(body), http.receive)
         started = time.perf_counter()
@@ -163,37 +145,67 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
         metrics.stage_seconds.labels("serialize").observe(time.perf_counter() - started)
         return Response(content, media_type="application/json")
 
-    @app.post("/v1/rerank", response_model=RerankResponse, responses={400: {"model": ErrorResponse}})
+    @app.post("/v1/rerank", response_model=RerankResponse, responses=scoring_errors)
     async def rerank_route(body: RerankRequest, http: Request) -> Response:
         response = await cancel_on_disconnect(rerank(service, body), http.receive)
         return Response(await asyncio.to_thread(response.model_dump_json), media_type="application/json")
 
-    @app.get("/v1/models", response_model=ModelList)
+    @app.get("/v1/models", response_model=ModelList, responses=error_responses(*v1, *ANY_ROUTE))
     async def models() -> ModelList:
         model = service.model
         cards = [] if model is None else [ModelCard(id=model.name, kind=model.kind.value,
                                                     max_positions=model.max_positions)]
         return ModelList(data=cards)
 
-    @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "alive"}
+    @app.get("/health", response_model=Status, responses=error_responses(503, *ANY_ROUTE))
+    async def health() -> Status:
+        if service.failed:  # the process is about to exit; a liveness probe must not keep it around either
+            raise NotReady(service.failure or "model failed to load")
+        return Status(status="alive")
 
-    @app.get("/ready")
-    async def ready() -> JSONResponse:
-        if service.ready:
-            return JSONResponse({"status": "ready"})
-        return JSONResponse({"status": "loading"}, status_code=503)
+    @app.get("/ready", response_model=Status, responses=error_responses(503, *ANY_ROUTE))
+    async def ready() -> Status:
+        if drain.started:
+            raise NotReady("draining: the worker is shutting down")
+        if not service.ready:
+            raise NotReady(service.failure or "model failed to load" if service.failed else "model is loading")
+        return Status(status="ready")
 
-    @app.get("/metrics")
-    async def metrics_route() -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    if config.metrics_port is None:  # otherwise /metrics lives on its own port, alone
+        @app.get("/metrics", response_class=Response, responses={
+            200: {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}},
+            **error_responses(*ANY_ROUTE)})
+        async def metrics_route() -> Response:
+            return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     routes.update(route.path for route in app.routes if isinstance(route, APIRoute))
+    app.openapi = lambda: _openapi(app, secured=keys is not None)  # type: ignore[method-assign]
     return app
 
 
+def build_server(config: WorkerConfig) -> DrainingServer:
+    app = create_app(config)
+    level = config.log_level.value
+    uvicorn_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=level,
+                                    log_config=uvicorn_log_config(level),
+                                    timeout_graceful_shutdown=max(1, math.ceil(config.drain_timeout_seconds)))
+    return DrainingServer(uvicorn_config, app.state.drain, config.drain_timeout_seconds)
+
+
 def run(config: WorkerConfig) -> None:
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=config.log_level,
-                timeout_graceful_shutdown=max(1, math.ceil(config.drain_timeout_seconds)))
+    """Serve until stopped; a model that fails to load (or fails the self-check) writes its reason to the
+    termination-message file, stops the server and exits with EXIT_LOAD_FAILED."""
+    server = build_server(config)
+    service = server.config.app.state.service
+
+    def on_load_failure(reason: str) -> None:
+        write_termination_message(config.termination_log, reason)
+        server.should_exit = True
+
+    server.config.app.state.on_load_failure = on_load_failure
+    server.run()
+    if service.failed:
+        log.error("exiting with status %d: %s", EXIT_LOAD_FAILED, service.failure)
+        sys.exit(EXIT_LOAD_FAILED)
+    if not server.started:
+        sys.exit(STARTUP_FAILURE)

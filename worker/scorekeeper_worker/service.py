@@ -4,29 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 
+from scorekeeper_worker import selfcheck
 from scorekeeper_worker.attention import LayoutKind
 from scorekeeper_worker.attention_flex import resolve_backend
 from scorekeeper_worker.config import PooledHiddenStates, WorkerConfig
 from scorekeeper_worker.cuda_graphs import GraphRunner
+from scorekeeper_worker.errors import NonFiniteScore, NotReady, RequestTimedOut, ResponseTooLarge
 from scorekeeper_worker.executor import Executor
 from scorekeeper_worker.jobs import JobResult, ScoreJob
 from scorekeeper_worker.loader import ModelKind, ScoringModel, load_model
 from scorekeeper_worker.metrics import WorkerMetrics
 from scorekeeper_worker.planning import ScorePlan, admit_pairs, plan, tokenize
 from scorekeeper_worker.scheduler import Scheduler
-from scorekeeper_worker.schemas import BadRequest, ResponseTooLarge, ScoreRequest, ScoreResponse, Usage
+from scorekeeper_worker.schemas import BadRequest, ScoreRequest, ScoreResponse, Usage
 
 log = logging.getLogger(__name__)
-
-
-class NotReady(Exception):
-    """The model is still loading or warming up."""
-
-
-class RequestTimedOut(Exception):
-    """`--request-timeout-seconds` passed before the request finished (HTTP 504); its remaining work was dropped."""
 
 
 # An upper bound of the JSON a response takes: the longest float Python writes ("-1.2345678901234567e-308") and its
@@ -91,25 +86,40 @@ class ScoringService:
         self.scheduler: Scheduler | None = None
         self.ready = False
         self.failed = False
+        self.failure: str | None = None  # why loading failed: one paragraph, for the log and the termination message
 
     def load(self) -> None:
-        """Load, start the model thread, run one warm-up batch; only then report ready."""
+        """Load, prove the engine on this model (self-check, which also warms it up), start the model thread; only
+        then report ready. Any failure is raised with a message saying why (the caller exits non-zero with it)."""
         started = time.perf_counter()
-        model = load_model(self.config.model, self.config.dtype, self.config.device.value, self.config.name)
-        delimiter = self.config.multi_item_scoring_delimiter
+        config = self.config
+        model = load_model(config.model, config.dtype, config.device.value, config.name)
+        delimiter = config.multi_item_scoring_delimiter
         if delimiter is not None and delimiter >= model.model.get_input_embeddings().num_embeddings:
             raise ValueError(f"--multi-item-scoring-delimiter {delimiter} is outside the vocabulary "
                              f"(size {model.model.get_input_embeddings().num_embeddings})")
+        if config.cuda_graph and not model.packed:
+            raise ValueError(f"--cuda-graph: {model.support.model_type} runs its own attention on padded batches "
+                             "(docs/support-matrix.md), which the CUDA-graph buckets do not capture")
         self.metrics.model_load_seconds.set(time.perf_counter() - started)
         self.metrics.info.info({"model": model.name, "kind": model.kind.value,
                                 "dtype": str(model.dtype).removeprefix("torch."), "device": str(model.device)})
+        executor = self._executor(model)
+        check = selfcheck.run(model, executor, check=config.self_check, max_batch_tokens=config.max_batch_tokens,
+                              max_items=config.max_items_per_request, multi_item=config.mis_enabled,
+                              delimiter=delimiter)
+        self.metrics.warmup_seconds.set(check.engine_seconds)
+        self.metrics.self_check_tolerance.set(check.tolerance)
+        if check.deviation is None:
+            log.warning("self-check skipped (--no-self-check): scores are not compared with transformers at start-up")
+        else:
+            self.metrics.self_check_deviation.set(check.deviation)
+            log.info("self-check passed: deviation %.3g (tolerance %g) on %d sequences, %d tokens in one batch; "
+                     "engine %.3f s, reference %.3f s", check.deviation, check.tolerance, check.sequences,
+                     check.tokens, check.engine_seconds, check.reference_seconds)
         self.model = model
-        self.scheduler = Scheduler(self._executor(model), self.config.max_batch_tokens,
-                                   self.config.max_queue_tokens, self.metrics)
+        self.scheduler = Scheduler(executor, config.max_batch_tokens, config.max_queue_tokens, self.metrics)
         self.scheduler.start()
-        started = time.perf_counter()
-        asyncio.run(self._warm_up())
-        self.metrics.warmup_seconds.set(time.perf_counter() - started)
         self.ready = True
         self.metrics.ready.set(1)
         log.info("ready: %s", model.name)
@@ -131,13 +141,6 @@ class ScoringService:
                     self.metrics.graph_runs.labels(path, str(bucket.tokens))
         return Executor(model, backend, graphs)
 
-    async def _warm_up(self) -> None:
-        """One small request through the whole path (not subject to the clients' --request-timeout-seconds)."""
-        assert self.model is not None and self.scheduler is not None
-        query = "warm up" if self.model.kind != ModelKind.CAUSAL_LM else "warm"
-        await self._score(self.model, self.scheduler,
-                          ScoreRequest(query=query, items=["a short item", "another item"], label_token_ids=[0, 1]))
-
     async def score(self, request: ScoreRequest) -> ScoreResponse:
         """Score one request. On the event loop only O(1) work per request: checks, tokenization, planning and
         the response model run in a worker thread. Cancelling the calling task (client gone) or the timeout drops
@@ -151,7 +154,6 @@ class ScoringService:
         except TimeoutError:
             if not deadline.expired():
                 raise
-            self.metrics.cancelled.labels("timeout").inc()
             raise RequestTimedOut(f"the request did not finish within {timeout:g} s (--request-timeout-seconds); "
                                   "its remaining work was dropped") from None
 
@@ -170,6 +172,10 @@ class ScoringService:
         except BaseException:  # cancelled, timed out or failed: nothing of it may stay queued
             scheduler.cancel(queued)
             raise
+        if not all(math.isfinite(score) for row in result.scores for score in row):
+            # Never a NaN or inf in a 200 (the heads keep finite logits finite; this catches a model that overflowed).
+            raise NonFiniteScore("the model produced a non-finite score for this request (numeric overflow in "
+                                 f"{str(model.dtype).removeprefix('torch.')}); no scores are returned")
         mode = "multi_item" if result.multi_item else "single_item"
         self.metrics.items.labels(mode).inc(job.num_items)
         self.metrics.score_requests.labels(mode).inc()

@@ -95,6 +95,12 @@ Namespaced rules: granted cluster-wide (ClusterRole) or, with operator.watchName
 - apiGroups: [monitoring.coreos.com]
   resources: [servicemonitors]
   verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [keda.sh]
+  resources: [scaledobjects]
+  verbs: [get, list, watch, create, patch, delete]
 # Worker pods: watched for crash loops, OOM kills and scheduling failures; listed by label for status. Never written.
 - apiGroups: [""]
   resources: [pods]

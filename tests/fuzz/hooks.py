@@ -1,0 +1,36 @@
+"""Schemathesis hooks for fuzzing the worker (tests/fuzz/schemathesis.toml loads them).
+
+A schema-valid body may still be refused for a reason that depends on the model being served, which the OpenAPI
+document cannot state: token ids beyond its vocabulary, sequences beyond its maximum length, a query and item with no
+tokens at all (a tokenizer that adds no special tokens), the label tokens only a causal LM reads. The config lets
+the scoring routes answer such bodies with 400; this check makes sure that every such 400 is one of those reasons, so
+any other refusal of a valid body (a schema that says less than the validation does) still fails the run.
+"""
+
+from __future__ import annotations
+
+import re
+
+import schemathesis
+
+MODEL_DEPENDENT = re.compile("|".join([
+    r"token id -?\d+ is out of range",  # the vocabulary (or the logit size) of this model
+    r"exceeds the model's maximum of \d+",  # its maximum sequence length
+    r"empty sequence \(empty query and empty item, no special tokens\)",  # its tokenizer adds no special tokens
+    r"label_token_ids is required for causal LM models",  # a causal LM scores label tokens, which others ignore
+    r"label_token_ids must not (be empty|contain duplicates)|label_token_ids: \d+ lists for \d+ items",
+    r"not supported for causal LM models",
+    r"/v1/rerank needs a classifier, cross-encoder or embedding model",
+]))
+
+
+@schemathesis.check
+def refusals_of_valid_bodies_depend_on_the_model(ctx: schemathesis.CheckContext, response: schemathesis.Response,
+                                                 case: schemathesis.Case) -> bool | None:
+    meta = case.meta
+    if meta is None or not meta.generation.mode.is_positive or response.status_code != 400:
+        return None
+    message = str(response.json().get("message", ""))
+    if not MODEL_DEPENDENT.search(message):
+        raise AssertionError(f"a schema-valid body was refused for a reason the schema could state: {message}")
+    return None

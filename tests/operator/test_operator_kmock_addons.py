@@ -1,0 +1,30 @@
+"""Add-on APIs with the real operator against the emulator: KEDA's ScaledObject replaces the HPA when KEDA is served,
+and a KEDA ScoringModel in a cluster without KEDA says so instead of silently running unscaled."""
+
+from __future__ import annotations
+
+import pytest
+from harness import NAMESPACE, running_cluster, running_operator, scoring_model
+from test_operator_kmock_lifecycle import condition, model_status
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
+KEDA = {"enabled": True, "provider": "KEDA", "prometheusAddress": "http://prometheus:9090", "maxReplicas": 5}
+
+
+async def test_keda_scales_the_deployment_instead_of_an_hpa() -> None:
+    async with running_cluster(keda_api=True) as cluster, running_operator(cluster):
+        await cluster.create("scoringmodels", NAMESPACE, scoring_model(autoscaling=KEDA))
+        scaled = await cluster.wait_for(lambda: cluster.get("scaledobjects", NAMESPACE, "reranker"), what="KEDA")
+        assert scaled["spec"]["scaleTargetRef"]["name"] == "reranker"
+        deployment = await cluster.wait_for(lambda: cluster.get("deployments", NAMESPACE, "reranker"))
+        assert "replicas" not in deployment["spec"]  # KEDA's HPA sets it, not the operator
+        assert cluster.get("horizontalpodautoscalers", NAMESPACE, "reranker") is None
+
+
+async def test_without_keda_the_model_reports_it_and_applies_nothing() -> None:
+    async with running_cluster(keda_api=False) as cluster, running_operator(cluster):
+        await cluster.create("scoringmodels", NAMESPACE, scoring_model(autoscaling=KEDA))
+        await cluster.wait_for(lambda: condition(cluster, "ConfigValid") == ("False", "KedaUnavailable"))
+        message = next(c["message"] for c in model_status(cluster)["conditions"] if c["type"] == "ConfigValid")
+        assert "install KEDA" in message
+        assert cluster.get("deployments", NAMESPACE, "reranker") is None

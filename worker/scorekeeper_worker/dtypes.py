@@ -1,0 +1,76 @@
+"""Which dtype the model runs in: `--dtype` as asked, or for `auto` the checkpoint's dtype where the hardware runs it
+fast. A pure decision over injected capabilities (`choose_dtype`), plus the one function that looks at the hardware."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from scorekeeper_worker.config import Device, DType
+
+# x86: AVX512-BF16 or AMX; Arm: the BF16 extension. Without them PyTorch emulates bfloat16 matrix products on CPU,
+# 5-6x slower than float32.
+CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    device: Device
+    bf16: bool  # runs bfloat16 matrix products natively
+    description: str  # for the log line
+
+
+@dataclass(frozen=True)
+class DTypeChoice:
+    dtype: torch.dtype
+    reason: str
+
+
+def cpu_flags(cpuinfo: str) -> set[str]:
+    """Feature flags from /proc/cpuinfo text (x86 `flags`, Arm `Features`)."""
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            flags.update(value.split())
+    return flags
+
+
+def detect_hardware(device: Device) -> Hardware:
+    if device == Device.CUDA:  # the only GPU-specific branch
+        name = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
+        return Hardware(device, torch.cuda.is_available() and torch.cuda.is_bf16_supported(), name)
+    try:
+        flags = cpu_flags(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        flags = set()
+    found = sorted(flags & CPU_BF16_FLAGS)
+    return Hardware(device, bool(found), f"CPU ({', '.join(found) if found else 'no bfloat16 instructions'})")
+
+
+def choose_dtype(requested: DType, checkpoint: torch.dtype | None, hardware: Hardware) -> DTypeChoice:
+    """`checkpoint` is the dtype the weights were saved in (None when unknown, e.g. GGUF: de-quantized to float32)."""
+    where = hardware.description
+    if requested == DType.BFLOAT16 and hardware.device == Device.CUDA and not hardware.bf16:
+        raise ValueError(f"--dtype bfloat16: {where} has no bfloat16 support; use --dtype float16 or auto")
+    if requested != DType.AUTO:
+        dtype = getattr(torch, requested.value)
+        return DTypeChoice(dtype, f"--dtype {requested.value}")
+    saved = _NAMES.get(checkpoint, "float32") if checkpoint is not None else "float32"
+    if saved == "float32":
+        return DTypeChoice(torch.float32, f"auto: the checkpoint is {saved}")
+    if hardware.device == Device.CPU:
+        if saved == "bfloat16" and hardware.bf16:
+            return DTypeChoice(torch.bfloat16, f"auto: the checkpoint is bfloat16 and {where} runs it natively")
+        return DTypeChoice(torch.float32, f"auto: the checkpoint is {saved}, which {where} would emulate "
+                                          "(several times slower than float32)")
+    if saved == "bfloat16" and not hardware.bf16:
+        return DTypeChoice(torch.float16, f"auto: the checkpoint is bfloat16 but {where} has no bfloat16 support")
+    return DTypeChoice(getattr(torch, saved), f"auto: the checkpoint is {saved} and {where} runs it natively")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return _NAMES.get(dtype, str(dtype).removeprefix("torch."))

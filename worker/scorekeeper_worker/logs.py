@@ -1,0 +1,48 @@
+"""Logging: every record carries the id of the request being handled (`request_id`, "-" outside a request), and the
+worker's own lines and uvicorn's access lines share one format that shows it."""
+
+from __future__ import annotations
+
+import logging
+from contextvars import ContextVar
+from typing import Any
+
+REQUEST_ID: ContextVar[str] = ContextVar("request_id", default="-")
+FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
+ACCESS_FORMAT = '%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(client_addr)s "%(request_line)s" %(status_code)s'
+
+_base_factory = logging.getLogRecordFactory()
+
+
+def _record_with_request_id(*args: Any, **kwargs: Any) -> logging.LogRecord:
+    record = _base_factory(*args, **kwargs)
+    record.request_id = REQUEST_ID.get()
+    return record
+
+
+def install_request_ids() -> None:
+    """Stamp the current request id on every log record (a record factory, so any handler can format it)."""
+    logging.setLogRecordFactory(_record_with_request_id)
+
+
+def uvicorn_log_config(level: str) -> dict[str, Any]:
+    """`log_config` for uvicorn: the root logger (the worker's modules) and uvicorn's loggers, one format."""
+    level = level.upper()
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {
+            "default": {"format": FORMAT},
+            "access": {"()": "uvicorn.logging.AccessFormatter", "fmt": ACCESS_FORMAT, "use_colors": False},
+        },
+        "handlers": {
+            "default": {"class": "logging.StreamHandler", "formatter": "default", "stream": "ext://sys.stderr"},
+            "access": {"class": "logging.StreamHandler", "formatter": "access", "stream": "ext://sys.stdout"},
+        },
+        "loggers": {
+            "": {"handlers": ["default"], "level": level},
+            "uvicorn": {"handlers": ["default"], "level": level, "propagate": False},
+            "uvicorn.error": {"level": level},
+            "uvicorn.access": {"handlers": ["access"], "level": level, "propagate": False},
+        },
+    }

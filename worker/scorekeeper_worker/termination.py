@@ -1,0 +1,27 @@
+"""A worker that cannot serve its model says why and exits: one paragraph in the termination-message file (what
+Kubernetes shows in the container's last state, and the operator turns into ModelLoadFailed), then exit status 3."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+EXIT_LOAD_FAILED = 3  # 1 is an unexpected crash, 2 a command-line error (argparse)
+MESSAGE_LIMIT = 4096  # bytes the kubelet keeps of a termination message
+
+
+def failure_reason(model: Path, error: BaseException) -> str:
+    """One paragraph: the model, the kind of failure and its message, whitespace folded, within the size limit."""
+    text = " ".join(f"model {model} failed to load: {type(error).__name__}: {error}".split())
+    data = text.encode()
+    return text if len(data) <= MESSAGE_LIMIT else data[:MESSAGE_LIMIT - 3].decode(errors="ignore") + "..."
+
+
+def write_termination_message(path: Path, message: str) -> None:
+    """Best effort: outside Kubernetes the file usually cannot be created; the log has the message anyway."""
+    try:
+        path.write_text(message + "\n")
+    except OSError as error:
+        log.warning("could not write the termination message to %s: %s", path, error)
