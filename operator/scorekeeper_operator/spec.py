@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.alias_generators import to_camel
 
 from scorekeeper_operator.flags import RESERVED_FLAGS
+from scorekeeper_operator.quantity import QUANTITY_PATTERN
 
-_QUANTITY = r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?|[eE][0-9]+|m)?$"
 _URI = re.compile(r"^(?P<scheme>pvc|hf|file)://(?P<rest>.+)$")
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
@@ -121,8 +121,8 @@ class Gpu(Spec):
 
 class Resources(Spec):
     gpu: Gpu = Gpu()
-    cpu: str | None = Field(None, pattern=_QUANTITY)
-    memory: str | None = Field(None, pattern=_QUANTITY)
+    cpu: str | None = Field(None, pattern=QUANTITY_PATTERN)
+    memory: str | None = Field(None, pattern=QUANTITY_PATTERN)
 
     @model_validator(mode="before")
     @classmethod
