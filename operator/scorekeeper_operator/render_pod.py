@@ -94,6 +94,7 @@ def _worker_container(model: ScoringModel, image: str, model_mounts: list[dict[s
             *model_mounts,
         ],
         "securityContext": _container_security(),
+        "terminationMessagePolicy": "FallbackToLogsOnError",  # why it could not load (or its log tail) → status
     }
 
 
