@@ -17,6 +17,7 @@ from scorekeeper_operator.spec import RolloutStrategy, ScoringModel
 API_VERSION = "scorekeeper.dev/v1alpha1"
 KIND = "ScoringModel"
 MANAGED_BY = "scorekeeper-operator"
+MANAGED_SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"  # on every child and worker pod
 CONFIG_HASH_ANNOTATION = "scorekeeper.dev/config-hash"
 # Kinds that exist only for some specs; when a spec stops wanting one, the reconciler deletes it.
 OPTIONAL_KINDS = ("PodDisruptionBudget", "HorizontalPodAutoscaler", "ServiceMonitor")

@@ -24,6 +24,10 @@ class OperatorSettings(BaseModel):
     # Air-gapped clusters set this to false: hf:// models then get ConfigValid=False instead of a failing download.
     allow_hf_download: bool = True
     request_timeout_seconds: float = Field(30.0, gt=0)
+    # Every model gets a full pass at least this often, whatever the watches delivered (or lost).
+    resync_seconds: float = Field(600.0, gt=0)
+    # While a pod is on its way (scheduling, mounting, loading), its Events are read again this often.
+    poll_seconds: float = Field(30.0, gt=0)
 
     def retry_delay(self, attempt: int) -> float:
         return float(min(self.retry_max_seconds, self.retry_base_seconds * 2 ** min(attempt, 20)))
@@ -42,6 +46,10 @@ class OperatorSettings(BaseModel):
             values["retry_base_seconds"] = float(base)
         if cap := env.get("SCOREKEEPER_RETRY_MAX_SECONDS"):
             values["retry_max_seconds"] = float(cap)
+        if resync := env.get("SCOREKEEPER_RESYNC_SECONDS"):
+            values["resync_seconds"] = float(resync)
+        if poll := env.get("SCOREKEEPER_POLL_SECONDS"):
+            values["poll_seconds"] = float(poll)
         if allow := env.get("SCOREKEEPER_ALLOW_HF_DOWNLOAD"):
             values["allow_hf_download"] = allow.strip().lower() in {"1", "true", "yes"}
         return cls.model_validate(values)
