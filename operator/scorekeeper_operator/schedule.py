@@ -26,6 +26,10 @@ Streak = Literal["errors", "blocked"]
 T = TypeVar("T")
 
 
+class Forgotten(Exception):
+    """The model went away before the pass someone waited for."""
+
+
 @dataclass
 class _Entry(Generic[T]):
     poke: asyncio.Event = field(default_factory=asyncio.Event)
@@ -89,15 +93,18 @@ class Scheduler(Generic[T]):
             entry.streaks[streak] = 0
 
     def forget(self, key: Key) -> None:
+        """Stop scheduling passes for this model (it is gone); whoever waits for one gets no outcome."""
         entry = self._entries.pop(key, None)
-        if entry is not None and entry.task is not None and entry.task is not asyncio.current_task():
+        if entry is None:
+            return
+        _settle(entry.waiters, Forgotten(f"{key[0]}/{key[1]} is gone"))
+        if entry.task is not None and entry.task is not asyncio.current_task():
             entry.task.cancel()
 
     async def close(self) -> None:
         tasks = [e.task for e in self._entries.values() if e.task is not None]
-        self._entries.clear()
-        for task in tasks:
-            task.cancel()
+        for key in list(self._entries):
+            self.forget(key)
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _wait(self, entry: _Entry[T]) -> None:
@@ -120,11 +127,10 @@ class Scheduler(Generic[T]):
             try:
                 outcome = await self._run_pass(key)
             except asyncio.CancelledError:
+                _settle(waiters, Forgotten(f"{key[0]}/{key[1]} is gone"))
                 raise
             except Exception as error:  # transient API errors, and (like kopf) anything unexpected: back off
-                for waiter in waiters:
-                    if not waiter.done():
-                        waiter.set_exception(error)
+                _settle(waiters, error)
                 if self._entries.get(key) is not entry:
                     return
                 delay = self.backoff(key, "errors")
@@ -135,3 +141,9 @@ class Scheduler(Generic[T]):
             for waiter in waiters:
                 if not waiter.done():
                     waiter.set_result(outcome)
+
+
+def _settle(waiters: list[asyncio.Future[T]], error: BaseException) -> None:
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_exception(error)
