@@ -82,11 +82,6 @@ class Cluster:
     async def delete(self, plural: str, namespace: str, name: str) -> None:
         await self._send("DELETE", path(plural, namespace, name))
 
-    async def create_many(self, plural: str, bodies: list[tuple[str, dict[str, Any]]], batch: int = 100) -> None:
-        """POST (namespace, body) pairs, `batch` at a time."""
-        for start in range(0, len(bodies), batch):
-            await asyncio.gather(*(self.create(plural, ns, body) for ns, body in bodies[start:start + batch]))
-
     def versions(self, plural: str, namespace: str, name: str) -> list[dict[str, Any]]:
         """Every stored version of the object, oldest first (what watchers were told, in order)."""
         for (res, ns, obj_name), obj in self.emulator.objects.items():
@@ -95,14 +90,15 @@ class Cluster:
         return []
 
     def get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """The stored object (a copy), read directly from the emulator."""
-        for (res, ns, obj_name), obj in self.emulator.objects.items():
-            if res.plural == plural and ns == namespace and obj_name == name and not obj.deleted:
-                return obj.raw
+        """The stored object, read directly from the emulator."""
+        for res in self.emulator.resources:
+            if res.plural == plural and (res, namespace, name) in self.emulator.objects:
+                obj = self.emulator.objects[res, namespace, name]
+                return None if obj.deleted else obj.raw
         return None
 
     async def reconciled(self, name: str = "reranker", namespace: str = NAMESPACE,
-                         timeout: float = 15.0) -> PassReport:
+                         timeout: float = 30.0) -> PassReport:
         """Nudge the operator and wait for a pass of this model that started after every change made so far and
         has finished: it read the current state, and wrote whatever it was going to write (its PassReport says).
 
@@ -119,7 +115,7 @@ class Cluster:
         return await self.wait_for(lambda: next((p for p in self.passes if p.key == (namespace, name)
                                                  and p.started > after), None), timeout, f"a pass of {name}")
 
-    async def wait_for(self, check: Callable[[], T | None], timeout: float = 15.0, what: str = "") -> T:
+    async def wait_for(self, check: Callable[[], T | None], timeout: float = 30.0, what: str = "") -> T:
         """Poll until `check()` returns something truthy; fail with the last value otherwise."""
         deadline = time.monotonic() + timeout
         while True:

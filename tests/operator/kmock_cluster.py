@@ -18,7 +18,7 @@ from typing import Any
 
 import aiohttp.web
 import attrs
-from kmock import KubernetesError
+from kmock import KubernetesError, KubernetesObjectNotFoundError
 from kmock._internal import rendering
 from kmock_ext import HARNESS_HEADER, RealisticEmulator
 from kmock_semantics import matches_fields, matches_selector
@@ -53,12 +53,16 @@ class ClusterEmulator(RealisticEmulator):
         self._holds.append(hold)
         return hold
 
-    def seed(self, plural: str, namespace: str, body: dict[str, Any]) -> None:
-        """Store an object as if it had existed for long: no request, no watch event (for big fixtures)."""
+    async def seed(self, plural: str, namespace: str, body: dict[str, Any]) -> None:
+        """Store an object without a request (KMock matches every request against its whole request log, which
+        makes thousands of POSTs slow): watchers get its ADDED event as for a create."""
         res = next(r for r in self.resources if r.plural == plural and self.resources[r].kind)
         meta = {**body["metadata"], "namespace": namespace, "uid": str(uuid.uuid4()),
                 "resourceVersion": self._next_revision(), "generation": 1, "creationTimestamp": "2026-01-01T00:00:00Z"}
-        self._objects[res, namespace, meta["name"]] = {**body, "metadata": meta}
+        obj = {**body, "metadata": meta}
+        async with self._lock:
+            self._objects[res, namespace, meta["name"]] = obj
+            await self._emit(res, "ADDED", obj)
 
     async def drop_watches(self) -> None:
         """End every open watch stream; clients must re-list and watch again (kopf does)."""
@@ -77,6 +81,14 @@ class ClusterEmulator(RealisticEmulator):
                     if hold.fail_with is not None:
                         raise KubernetesError(status=hold.fail_with, reason="InjectedFailure", message="held, failed")
         return await super()._handle(request)
+
+    async def _serve_fetch(self, request: rendering.Request) -> rendering.Payload:
+        """GET by name: a key lookup (KMock's own scans every stored object, slow in the footprint test)."""
+        async with self._lock:
+            obj = self._live((request.resource, request.namespace, request.name))
+        if obj is None:
+            raise KubernetesObjectNotFoundError()
+        return obj
 
     def _wanted(self, request: rendering.Request, obj: dict[str, Any]) -> bool:
         meta = obj.get("metadata") or {}

@@ -38,22 +38,17 @@ def unrelated(first: int, count: int) -> dict[str, list[tuple[str, dict[str, Any
     return bodies
 
 
-async def create_unrelated(cluster: Cluster, first: int, count: int) -> None:
-    for plural, bodies in unrelated(first, count).items():
-        await cluster.create_many(plural, bodies)
-
-
-def seed_unrelated(cluster: Cluster, first: int, count: int) -> None:
+async def add_unrelated(cluster: Cluster, first: int, count: int) -> None:
     for plural, bodies in unrelated(first, count).items():
         for namespace, body in bodies:
-            cluster.emulator.seed(plural, namespace, body)
+            await cluster.emulator.seed(plural, namespace, body)
 
 
 async def test_unrelated_objects_are_neither_sent_to_nor_kept_by_the_operator(cluster: Cluster) -> None:
-    seed_unrelated(cluster, 0, 6000)  # there before the operator starts: its initial LISTs
+    await add_unrelated(cluster, 0, 10_000)  # there before the operator starts: its initial LISTs
     async with running_operator(cluster):
         await created(cluster, replicas=1)
-        await create_unrelated(cluster, 6000, 1500)  # created while it runs: its WATCHes
+        await add_unrelated(cluster, 10_000, 5_000)  # created while it runs: its WATCHes
         # Sentinels after them: once each stream has sent these, it has filtered everything before them.
         await add_worker_pod(cluster, "reranker-0")
         await cluster.patch("scoringmodels", NAMESPACE, "reranker", {"spec": {"scoring": {"maxBatchTokens": 4096}}})
@@ -86,8 +81,8 @@ async def test_unrelated_objects_are_neither_sent_to_nor_kept_by_the_operator(cl
 async def test_the_operators_own_lists_follow_continue_tokens(cluster: Cluster) -> None:
     """More pods than a page (500): KubeApi.list reads every page and returns them all."""
     labels = {"app.kubernetes.io/name": "scorekeeper-worker", "app.kubernetes.io/instance": "big"}
-    await cluster.create_many("pods", [(NAMESPACE, {"metadata": {"name": f"big-{i}", "labels": labels}, "spec": {}})
-                                       for i in range(1201)])
+    for i in range(1201):
+        await cluster.emulator.seed("pods", NAMESPACE, {"metadata": {"name": f"big-{i}", "labels": labels}, "spec": {}})
     api = KubeApi.from_environment()
     try:
         listing = await api.list(PODS, NAMESPACE, label_selector="app.kubernetes.io/instance=big")
