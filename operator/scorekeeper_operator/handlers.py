@@ -22,7 +22,8 @@ from scorekeeper_operator.settings import OperatorSettings
 
 SCORING_MODEL = ("scorekeeper.dev", "v1alpha1", "scoringmodels")
 INSTANCE_LABEL = "app.kubernetes.io/instance"
-# Children (drift, deletion) and the worker pods (crash loops, OOM, scheduling) all carry the labels above.
+# Children (drift, deletion) and the worker pods (crash loops, OOM, scheduling) all carry render.MANAGED_SELECTOR's
+# label and app.kubernetes.io/instance=<the ScoringModel's name>.
 WATCHED_CHILDREN = (
     ("", "v1", "configmaps"), ("", "v1", "services"), ("apps", "v1", "deployments"),
     ("policy", "v1", "poddisruptionbudgets"), ("autoscaling", "v2", "horizontalpodautoscalers"),
@@ -92,8 +93,10 @@ async def reconcile_model(name: str, namespace: str, body: kopf.Body, memo: kopf
 
 @kopf.on.event(*SCORING_MODEL)
 async def on_model_event(event: kopf.RawEvent, name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    if event.get("type") == "DELETED":  # drop its scheduled passes now rather than at the next resync
-        memo.reconciler.forget(namespace, name)
+    # Deleted: a pass finds it gone and drops its timed passes now rather than at the next resync. (A pass, not a
+    # plain drop: a ScoringModel of the same name may already exist again.)
+    if event.get("type") == "DELETED":
+        memo.reconciler.trigger(namespace, name)
 
 
 async def on_child_event(namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:

@@ -67,12 +67,6 @@ def load_configuration() -> kubernetes.client.Configuration:
     return config
 
 
-@dataclass(frozen=True)
-class Listing:
-    items: list[dict[str, Any]]
-    resource_version: str  # of the list (the first page)
-
-
 class ApiError(Exception):
     def __init__(self, status: int, reason: str, message: str) -> None:
         super().__init__(f"{status} {reason}: {message}")
@@ -141,19 +135,18 @@ class KubeApi:
             raise
 
     async def list(self, ref: ResourceRef, namespace: str, *, label_selector: str = "",
-                   field_selector: str = "") -> Listing:
+                   field_selector: str = "") -> list[dict[str, Any]]:
         """Every matching object, read in pages of LIST_PAGE_SIZE."""
         query = [(k, v) for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v]
         query.append(("limit", str(LIST_PAGE_SIZE)))
         items: list[dict[str, Any]] = []
-        version, token = "", ""
+        token = ""
         while True:
             data = await self._call("GET", ref.path(namespace), query=query + ([("continue", token)] if token else []))
             items += data.get("items") or []
-            version = version or str((data.get("metadata") or {}).get("resourceVersion") or "")
             token = (data.get("metadata") or {}).get("continue") or ""
             if not token:
-                return Listing(items, version)
+                return items
 
     async def apply(self, manifest: dict[str, Any], field_manager: str = FIELD_MANAGER) -> dict[str, Any]:
         """Server-side apply (creates when absent); force: this operator is the authority for fields it sets."""

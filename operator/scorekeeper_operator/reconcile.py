@@ -48,25 +48,24 @@ EVENT_PODS_PER_PASS = 5  # Events are read per pod (by uid), for at most this ma
 
 @dataclass
 class PassReport:
-    """One pass, for the log: when it started, the resourceVersions it read (kind, version), what it wrote, and when
-    it runs again."""
+    """One pass, for the log (and the tests): when it started, what it wrote, its error, when it runs again."""
 
     key: Key
     started: float = field(default_factory=time.monotonic)
-    seen: list[tuple[str, str]] = field(default_factory=list)
     wrote: list[str] = field(default_factory=list)
     error: str | None = None
     gone: bool = False
     next_pass_in: float | None = None
 
-    def read(self, kind: str, obj: dict[str, Any] | None) -> dict[str, Any] | None:
-        if obj is not None:
-            self.seen.append((kind, str(obj.get("metadata", {}).get("resourceVersion", ""))))
-        return obj
-
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+def _scaling_and_startup(model: ScoringModel) -> dict[str, Any]:
+    scaling = model.spec.autoscaling
+    return {"min_replicas": scaling.min_replicas if scaling.enabled else None,
+            "startup_seconds": model.spec.rollout.max_startup_seconds}
 
 
 class Reconciler:
@@ -82,9 +81,6 @@ class Reconciler:
         """A pass soon (for watch events on children), coalesced with any already due."""
         self.scheduler.trigger((namespace, name))
 
-    def forget(self, namespace: str, name: str) -> None:
-        self.scheduler.forget((namespace, name))
-
     async def close(self) -> None:
         await self.scheduler.close()
         self.api.close()
@@ -92,10 +88,10 @@ class Reconciler:
     async def _pass(self, key: Key) -> ConfigError | None:
         report = PassReport(key)
         namespace, name = key
-        body = report.read("ScoringModel", await self.api.get(SCORING_MODELS, namespace, name))
+        body = await self.api.get(SCORING_MODELS, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             report.gone = True  # gone or going: ownerReferences let the garbage collector remove the children
-            self.scheduler.forget(key)
+            self.scheduler.retire(key)
             logger.debug("pass %s/%s: the ScoringModel is gone", *key, extra={"pass_report": report})
             return None
         model, error = self._parse(body)
@@ -105,14 +101,12 @@ class Reconciler:
             monitor_api = wants_monitor and await self.api.serves(CHILD_KINDS["ServiceMonitor"])
             rendered = render(model, self.settings, service_monitor_api=monitor_api)
             error = await self._converge(model, rendered, report)
-        autoscaled = model is not None and model.spec.autoscaling.enabled
         desired = Desired(
             generation=int(body["metadata"].get("generation") or 0), selector=selector_string(name),
-            endpoint=endpoint(name, namespace), rendered=rendered if error is None else None,
-            fixed_replicas=desired_replicas(model) if model is not None else None, config_error=error,
-            min_replicas=model.spec.autoscaling.min_replicas if model is not None and autoscaled else None,
-            startup_seconds=model.spec.rollout.max_startup_seconds if model is not None else 1800)
-        assessment = compute_status(desired, await self._observe(key, autoscaled, report),
+            endpoint=endpoint(name, namespace), rendered=rendered if error is None else None, config_error=error,
+            fixed_replicas=desired_replicas(model) if model is not None else None,
+            **(_scaling_and_startup(model) if model is not None else {}))
+        assessment = compute_status(desired, await self._observe(key, desired.min_replicas is not None),
                                     body.get("status") or {}, self._clock())
         if await self._write_status(body, assessment.status):
             report.wrote.append("status")
@@ -134,8 +128,7 @@ class Reconciler:
 
     async def _converge(self, model: ScoringModel, rendered: Rendered, report: PassReport) -> ConfigError | None:
         """Apply what is missing or drifted, delete optional children no longer wanted, leave foreign objects be."""
-        live = {m["kind"]: report.read(m["kind"], await self.api.get(CHILD_KINDS[m["kind"]], model.namespace,
-                                                                      model.name))
+        live = {m["kind"]: await self.api.get(CHILD_KINDS[m["kind"]], model.namespace, model.name)
                 for m in rendered.manifests}
         for kind, obj in live.items():
             if obj is not None and not owned_by(obj, model.uid):
@@ -158,23 +151,22 @@ class Reconciler:
         for kind in OPTIONAL_KINDS:
             if kind in wanted or (kind == "ServiceMonitor" and not await self.api.serves(CHILD_KINDS[kind])):
                 continue
-            stale = report.read(kind, await self.api.get(CHILD_KINDS[kind], model.namespace, model.name))
+            stale = await self.api.get(CHILD_KINDS[kind], model.namespace, model.name)
             if stale is not None and owned_by(stale, model.uid):
                 await self.api.delete(CHILD_KINDS[kind], model.namespace, model.name, stale["metadata"]["uid"])
                 report.wrote.append(f"delete {kind}")
         return None
 
-    async def _observe(self, key: Key, autoscaled: bool, report: PassReport) -> Observed:
+    async def _observe(self, key: Key, autoscaled: bool) -> Observed:
         namespace, name = key
-        deployment = report.read("Deployment", await self.api.get(CHILD_KINDS["Deployment"], namespace, name))
+        deployment = await self.api.get(CHILD_KINDS["Deployment"], namespace, name)
         pods = await self.api.list(PODS, namespace, label_selector=f"{selector_string(name)},{MANAGED_SELECTOR}")
-        report.seen.append(("pods", pods.resource_version))
         events: dict[str, list[dict[str, Any]]] = {}
-        for pod in [p for p in pods.items if needs_events(p)][:EVENT_PODS_PER_PASS]:
+        for pod in [p for p in pods if needs_events(p)][:EVENT_PODS_PER_PASS]:
             about = f"involvedObject.uid={pod['metadata']['uid']}"
-            events[pod["metadata"]["name"]] = (await self.api.list(EVENTS, namespace, field_selector=about)).items
+            events[pod["metadata"]["name"]] = await self.api.list(EVENTS, namespace, field_selector=about)
         hpa = await self.api.get(CHILD_KINDS["HorizontalPodAutoscaler"], namespace, name) if autoscaled else None
-        return Observed(deployment, pods.items, events, report.read("HorizontalPodAutoscaler", hpa))
+        return Observed(deployment, pods, events, hpa)
 
     def _schedule_next(self, key: Key, error: ConfigError | None, assessment: Assessment,
                        report: PassReport) -> None:

@@ -36,6 +36,7 @@ class _Entry(Generic[T]):
     urgent: bool = False  # run the next pass now, even during an error backoff
     soon: bool = False  # run the next pass now, unless backing off after errors
     due: float | None = None  # loop time of the next timed pass
+    retired: bool = False  # the last pass found the model gone: stop, unless someone asked for a pass since
     streaks: dict[str, int] = field(default_factory=lambda: {"errors": 0, "blocked": 0})
     waiters: list[asyncio.Future[T]] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
@@ -92,6 +93,12 @@ class Scheduler(Generic[T]):
         if (entry := self._entries.get(key)) is not None:
             entry.streaks[streak] = 0
 
+    def retire(self, key: Key) -> None:
+        """From within a pass that found the model gone: the worker stops after it, unless a trigger came meanwhile
+        (the model may have been created again: that pass must run)."""
+        if (entry := self._entries.get(key)) is not None:
+            entry.retired = True
+
     def forget(self, key: Key) -> None:
         """Stop scheduling passes for this model (it is gone); whoever waits for one gets no outcome."""
         entry = self._entries.pop(key, None)
@@ -141,6 +148,10 @@ class Scheduler(Generic[T]):
             for waiter in waiters:
                 if not waiter.done():
                     waiter.set_result(outcome)
+            if entry.retired:
+                entry.retired = False
+                if not (entry.urgent or entry.soon or entry.waiters):
+                    self._entries.pop(key, None)
 
 
 def _settle(waiters: list[asyncio.Future[T]], error: BaseException) -> None:

@@ -117,6 +117,7 @@ class ClusterEmulator(RealisticEmulator):
             marker = await bus.mark()
             existing = [{"type": "ADDED", "object": obj.raw} for (r, _, _), obj in self._objects.items()
                         if r == res and not obj.deleted and self._wanted(request, obj.raw)]
+        visible = {(e["object"]["metadata"].get("namespace"), e["object"]["metadata"]["name"]) for e in existing}
         try:
             for event in existing:
                 self._count(res.plural, event, to_operator)
@@ -124,9 +125,18 @@ class ClusterEmulator(RealisticEmulator):
             async for event in bus.stream(since=marker):
                 if event.get("type") == DROP:
                     return
-                if self._wanted(request, event.get("object") or {}):
-                    self._count(res.plural, event, to_operator)
-                    yield event
+                obj = event.get("object") or {}
+                key = ((obj.get("metadata") or {}).get("namespace"), (obj.get("metadata") or {}).get("name"))
+                if not self._wanted(request, obj):
+                    if key not in visible:
+                        continue
+                    event = {"type": "DELETED", "object": obj}  # it left the selection: gone, as the API server says
+                if event["type"] == "DELETED":
+                    visible.discard(key)
+                else:
+                    visible.add(key)
+                self._count(res.plural, event, to_operator)
+                yield event
         finally:
             await bus.unmark(marker)
 

@@ -85,10 +85,10 @@ async def test_the_operators_own_lists_follow_continue_tokens(cluster: Cluster) 
         await cluster.emulator.seed("pods", NAMESPACE, {"metadata": {"name": f"big-{i}", "labels": labels}, "spec": {}})
     api = KubeApi.from_environment()
     try:
-        listing = await api.list(PODS, NAMESPACE, label_selector="app.kubernetes.io/instance=big")
+        pods = await api.list(PODS, NAMESPACE, label_selector="app.kubernetes.io/instance=big")
     finally:
         api.close()
-    assert sorted(p["metadata"]["name"] for p in listing.items) == sorted(f"big-{i}" for i in range(1201))
+    assert sorted(p["metadata"]["name"] for p in pods) == sorted(f"big-{i}" for i in range(1201))
     pages = [r for r in cluster.emulator if r.resource is not None and r.resource.plural == "pods"
              and r.headers.get("X-Test-Harness") is None]
     assert [bool(r.params.get("continue")) for r in pages] == [False, True, True]

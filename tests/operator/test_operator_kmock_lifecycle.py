@@ -151,3 +151,13 @@ def _dig(obj: Any, keys: tuple[str, ...]) -> Any:
     for key in keys:
         obj = obj[key]
     return obj
+
+
+async def test_a_child_that_loses_the_watched_label_is_relabelled(operator: Cluster) -> None:
+    """The watches select on the managed-by label (server-side): a child that loses it leaves the selection, which
+    a watch reports as DELETED, and the operator applies it again."""
+    await created(operator)
+    await operator.patch("configmaps", NAMESPACE, "reranker", {"metadata": {"labels": {
+        "app.kubernetes.io/managed-by": None}}})
+    await operator.wait_for(lambda: (operator.get("configmaps", NAMESPACE, "reranker") or {})["metadata"]["labels"].get(
+        "app.kubernetes.io/managed-by") == "scorekeeper-operator", what="label restored")

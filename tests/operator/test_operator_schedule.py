@@ -122,3 +122,22 @@ async def test_forgetting_a_model_ends_its_worker_and_its_waiters() -> None:
     passes.gate.set()
     await turns()
     assert passes.count == 1
+
+
+async def test_a_pass_that_finds_the_model_gone_retires_the_worker_unless_asked_again() -> None:
+    passes = Passes()
+    schedulers: list[Scheduler[str]] = []
+
+    async def gone(key: Key) -> str:
+        schedulers[0].retire(key)
+        return await passes(key)
+
+    scheduler = Scheduler(gone, lambda n: 1000.0)
+    schedulers.append(scheduler)
+    passes.gate.clear()
+    scheduler.trigger(KEY)
+    await passes.started.wait()
+    scheduler.trigger(KEY)  # e.g. the model was created again meanwhile: this trigger must not be lost
+    passes.gate.set()
+    await turns()
+    assert passes.count == 2 and scheduler.keys == frozenset()  # the second pass found it gone too, and retired
