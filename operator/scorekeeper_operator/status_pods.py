@@ -20,7 +20,8 @@ SEVERITY = ("ModelLoadFailed", "OOMKilled", "StartupProbeTimeout", "CrashLoopBac
             "ErrImagePull", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError",
             "RunContainerError", "MultiAttach", "FailedAttachVolume", "FailedMount", "UnexpectedAdmissionError",
             "Evicted", "PodFailed", "Unschedulable", "ProgressDeadlineExceeded")
-_WAITING_FAILURES = frozenset(SEVERITY[4:10])
+_WAITING_FAILURES = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CreateContainerConfigError",
+                               "CreateContainerError", "RunContainerError"})
 _MESSAGE_LIMIT = 2048  # a termination message is at most 4096 bytes; keep the status readable
 
 
@@ -68,7 +69,7 @@ class PodState:
     wait: PodWait | None = None
 
 
-def parse_time(value: str | None) -> datetime | None:
+def _parse_time(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
 
 
@@ -88,12 +89,13 @@ def _trim(message: str) -> str:
 def _served_during(pod: dict[str, Any], run: dict[str, Any]) -> bool:
     """Did the pod turn Ready while this (terminated) container run lasted? Ready's lastTransitionTime moves only
     when Ready flips, so a flip after the run started means the run served, then went away."""
-    flipped, started = parse_time(_condition(pod, "Ready").get("lastTransitionTime")), parse_time(run.get("startedAt"))
+    flipped = _parse_time(_condition(pod, "Ready").get("lastTransitionTime"))
+    started = _parse_time(run.get("startedAt"))
     return flipped is not None and started is not None and flipped > started
 
 
 def _run_seconds(run: dict[str, Any]) -> float:
-    started, finished = parse_time(run.get("startedAt")), parse_time(run.get("finishedAt"))
+    started, finished = _parse_time(run.get("startedAt")), _parse_time(run.get("finishedAt"))
     return (finished - started).total_seconds() if started and finished else 0.0
 
 
@@ -146,7 +148,7 @@ def _terminal_failure(pod: dict[str, Any]) -> PodFailure:
 def _scheduling(pod: dict[str, Any], events: PodEvents, now: datetime, deadline: float) -> PodFailure | PodWait:
     scheduled = _condition(pod, "PodScheduled")
     name, message = pod["metadata"]["name"], scheduled.get("message") or "no node fits the pod"
-    since = parse_time(scheduled.get("lastTransitionTime")) or now
+    since = _parse_time(scheduled.get("lastTransitionTime")) or now
     waited = (now - since).total_seconds()
     if events.no_scale_up is not None:
         return PodFailure("Unschedulable", _trim(f"{message}; the cluster-autoscaler cannot add a node:"

@@ -1,8 +1,9 @@
 """Run the real operator (kopf, in process) against the extended KMock emulator, and poke it like a cluster would.
 
 The harness's own requests carry HARNESS_HEADER, so `emulator.calls` holds only what the operator asked for.
-Deterministic waits: `Cluster.reconciled(after=…)` waits for a reconcile pass that *started* after a change was
-committed (the operator logs a PassReport per pass), so "the operator saw it and did nothing" needs no sleep.
+Deterministic waits: `Cluster.reconciled()` nudges the operator and waits for a reconcile pass that *started* after
+every change so far was committed (the operator logs a PassReport per pass), so "the operator saw it and did
+nothing" needs no sleep.
 """
 
 from __future__ import annotations
