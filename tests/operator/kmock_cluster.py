@@ -28,11 +28,13 @@ DROP = "DROP"  # the bus item that ends every watch stream open at the time
 
 @attrs.define
 class Hold:
-    """Requests with this method on this resource (watches: `watch=True`) wait, unanswered, until released."""
+    """Requests with this method on this resource wait, unanswered, until released. `watch`: only watch requests;
+    `cluster_wide`: only requests across all namespaces (kopf's LISTs and WATCHes, not the reconciler's reads)."""
 
     method: str
     plural: str
-    watch: bool
+    watch: bool = False
+    cluster_wide: bool = False
     held: int = 0  # requests that arrived while holding
     fail_with: int | None = None  # released with this HTTP status instead of being served
     released: asyncio.Event = attrs.field(factory=asyncio.Event)
@@ -48,8 +50,8 @@ class ClusterEmulator(RealisticEmulator):
     delivered: collections.defaultdict[str, list[str]] = attrs.field(factory=lambda: collections.defaultdict(list))
     _holds: list[Hold] = attrs.field(factory=list)
 
-    def hold(self, method: str, plural: str, *, watch: bool = False) -> Hold:
-        hold = Hold(method.upper(), plural, watch)
+    def hold(self, method: str, plural: str, *, watch: bool = False, cluster_wide: bool = False) -> Hold:
+        hold = Hold(method.upper(), plural, watch, cluster_wide)
         self._holds.append(hold)
         return hold
 
@@ -73,9 +75,10 @@ class ClusterEmulator(RealisticEmulator):
         res = request.resource
         if res is not None and request.headers.get(HARNESS_HEADER) is None:
             watch = request.params.get("watch") in ("true", "1")
+            cluster_wide = request.namespace is None and request.name is None
             for hold in self._holds:
-                if (request.method.value, res.plural, watch) == (hold.method, hold.plural, hold.watch) \
-                        and not hold.released.is_set():
+                if (request.method.value, res.plural) == (hold.method, hold.plural) and not hold.released.is_set() \
+                        and (watch or not hold.watch) and (cluster_wide or not hold.cluster_wide):
                     hold.held += 1
                     await hold.released.wait()
                     if hold.fail_with is not None:

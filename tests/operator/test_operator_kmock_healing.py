@@ -109,9 +109,12 @@ async def test_a_restart_in_the_middle_of_a_pass_converges_without_duplicates(cl
 async def test_the_resync_repairs_what_no_watch_reported(cluster: Cluster) -> None:
     async with running_operator(cluster, env={"SCOREKEEPER_RESYNC_SECONDS": "0.5"}):
         await created(cluster)
+        while (await cluster.reconciled()).wrote:  # settled: no pass has anything left to do
+            pass
         watched = ("scoringmodels", "configmaps", "services", "deployments", "poddisruptionbudgets",
                    "horizontalpodautoscalers", "servicemonitors", "pods")
-        holds = [cluster.emulator.hold("GET", plural, watch=True) for plural in watched]
+        # kopf re-lists before it watches again: hold those too, or the re-listed objects would trigger a pass.
+        holds = [cluster.emulator.hold("GET", plural, cluster_wide=True) for plural in watched]
         await cluster.emulator.drop_watches()
         await cluster.wait_for(lambda: all(h.held for h in holds), what="kopf reconnecting")
         await cluster.delete("configmaps", NAMESPACE, "reranker")  # no watch is open: nothing reports this
