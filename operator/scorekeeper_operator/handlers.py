@@ -1,7 +1,11 @@
 """Thin kopf wiring: which events run a reconcile pass, and how its outcome maps onto kopf's error semantics.
 
 No timers or daemons on ScoringModels: kopf would add a finalizer for them, and a finalizer blocks `kubectl delete`
-whenever the operator is down. Drift and status are driven by watching the children instead.
+whenever the operator is down. Drift and status are driven by watching the children, and timed passes (retries,
+re-checks of conflicts, deadlines, resync) run in the reconciler's own per-model worker (schedule.py).
+
+Footprint: the children and pods are watched with a server-side label selector (managed-by), and kopf lists in
+pages, so the API server never sends the operator the rest of the cluster, and kopf never remembers it.
 """
 
 from __future__ import annotations
@@ -11,15 +15,15 @@ from typing import Any
 
 import kopf
 
-from scorekeeper_operator.k8s import KubeApi, TransientApiError, load_configuration
+from scorekeeper_operator.k8s import LIST_PAGE_SIZE, KubeApi, load_configuration
 from scorekeeper_operator.reconcile import Reconciler
-from scorekeeper_operator.render import MANAGED_BY
+from scorekeeper_operator.render import MANAGED_SELECTOR
 from scorekeeper_operator.settings import OperatorSettings
 
 SCORING_MODEL = ("scorekeeper.dev", "v1alpha1", "scoringmodels")
-MANAGED = {"app.kubernetes.io/managed-by": MANAGED_BY}
 INSTANCE_LABEL = "app.kubernetes.io/instance"
-# Children (drift, deletion) and the worker pods (crash loops, OOM, scheduling) all carry the labels above.
+# Children (drift, deletion) and the worker pods (crash loops, OOM, scheduling) all carry render.MANAGED_SELECTOR's
+# label and app.kubernetes.io/instance=<the ScoringModel's name>.
 WATCHED_CHILDREN = (
     ("", "v1", "configmaps"), ("", "v1", "services"), ("apps", "v1", "deployments"),
     ("policy", "v1", "poddisruptionbudgets"), ("autoscaling", "v2", "horizontalpodautoscalers"),
@@ -52,6 +56,11 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 60
+    # Server-side filtering (labelSelector on LIST and WATCH), not a handler's client-side `labels=` filter: kopf
+    # would otherwise receive, and keep a memory entry for, every pod and ConfigMap in the cluster.
+    for group, version, plural in WATCHED_CHILDREN:
+        settings.watching.label_selectors[group, version, plural] = MANAGED_SELECTOR
+    settings.watching.chunk_size = LIST_PAGE_SIZE
     operator_settings = OperatorSettings.from_env()
     memo.reconciler = Reconciler(KubeApi.from_environment(operator_settings.request_timeout_seconds),
                                  operator_settings)
@@ -70,18 +79,25 @@ def probe(memo: kopf.Memo, **_: Any) -> str:
 @kopf.on.resume(*SCORING_MODEL)
 @kopf.on.create(*SCORING_MODEL)
 @kopf.on.update(*SCORING_MODEL, field="spec")
-async def reconcile_model(name: str, namespace: str, body: kopf.Body, retry: int, memo: kopf.Memo,
-                          **_: Any) -> None:
+async def reconcile_model(name: str, namespace: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     reconciler: Reconciler = memo.reconciler
     try:
         error = await reconciler.reconcile(namespace, name)
-    except TransientApiError as exc:
-        raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=reconciler.settings.retry_delay(retry)) from exc
+    except Exception:  # already logged; the reconciler's worker retries with backoff (not kopf: one retry loop)
+        return
     if error is not None:
         # Already in status as ConfigValid=False. A Warning event makes `kubectl describe` show it too;
-        # PermanentError stops kopf's retries until the spec changes again.
+        # PermanentError tells kopf not to retry (conflicts and rejections are re-checked by the reconciler).
         kopf.warn(body, reason=error.reason, message=error.message)
         raise kopf.PermanentError(f"{error.reason}: {error.message}")
+
+
+@kopf.on.event(*SCORING_MODEL)
+async def on_model_event(event: kopf.RawEvent, name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+    # Deleted: a pass finds it gone and drops its timed passes now rather than at the next resync. (A pass, not a
+    # plain drop: a ScoringModel of the same name may already exist again.)
+    if event.get("type") == "DELETED":
+        memo.reconciler.trigger(namespace, name)
 
 
 async def on_child_event(namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
@@ -91,4 +107,4 @@ async def on_child_event(namespace: str | None, labels: kopf.Labels, memo: kopf.
 
 
 for _group, _version, _plural in WATCHED_CHILDREN:
-    kopf.on.event(_group, _version, _plural, labels=MANAGED, id=f"child-{_plural}")(on_child_event)
+    kopf.on.event(_group, _version, _plural, id=f"child-{_plural}")(on_child_event)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scorekeeper_operator.k8s import CHILD_KINDS, KubeApi
-from scorekeeper_operator.render import DEFAULT_IMAGE_ANNOTATION, MANAGED_BY
+from scorekeeper_operator.render import DEFAULT_IMAGE_ANNOTATION, MANAGED_SELECTOR
 from scorekeeper_operator.settings import OperatorSettings
 from scorekeeper_operator.spec import ScoringModel
 
@@ -69,10 +69,10 @@ class ImageRollout:
 
     async def _busy(self, other_than: Key) -> int:
         """Managed Deployments (other than this one) on the new default image whose rollout has not finished."""
-        selector = f"app.kubernetes.io/managed-by={MANAGED_BY}"
         busy = 0
         for namespace in self.settings.namespaces or ("",):  # "": all namespaces
-            for deployment in await self.api.list(CHILD_KINDS["Deployment"], namespace, selector):
+            managed = await self.api.list(CHILD_KINDS["Deployment"], namespace, label_selector=MANAGED_SELECTOR)
+            for deployment in managed:
                 meta = deployment["metadata"]
                 if (meta.get("namespace"), meta["name"]) != other_than \
                         and running_default_image(deployment) == self.settings.worker_image \

@@ -23,6 +23,8 @@ FIELD_MANAGER = "scorekeeper-operator"
 # default (1) between our giving it up and the HPA's first write (Kubernetes docs: SSA, "Transferring ownership").
 HANDOVER_FIELD_MANAGER = "scorekeeper-operator-handover"
 DISCOVERY_TTL_SECONDS = 60.0
+# LISTs come in pages (limit/continue), for the operator's own reads and for kopf's (settings.watching.chunk_size).
+LIST_PAGE_SIZE = 500
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class ResourceRef:
 
 SCORING_MODELS = ResourceRef("scorekeeper.dev/v1alpha1", "scoringmodels")
 PODS = ResourceRef("v1", "pods")
+EVENTS = ResourceRef("v1", "events")
 CHILD_KINDS: dict[str, ResourceRef] = {
     "ConfigMap": ResourceRef("v1", "configmaps"),
     "Service": ResourceRef("v1", "services"),
@@ -133,9 +136,19 @@ class KubeApi:
                 return None
             raise
 
-    async def list(self, ref: ResourceRef, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        data = await self._call("GET", ref.path(namespace), query=[("labelSelector", label_selector)])
-        return list(data.get("items") or [])
+    async def list(self, ref: ResourceRef, namespace: str, *, label_selector: str = "",
+                   field_selector: str = "") -> list[dict[str, Any]]:
+        """Every matching object, read in pages of LIST_PAGE_SIZE."""
+        query = [(k, v) for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v]
+        query.append(("limit", str(LIST_PAGE_SIZE)))
+        items: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            data = await self._call("GET", ref.path(namespace), query=query + ([("continue", token)] if token else []))
+            items += data.get("items") or []
+            token = (data.get("metadata") or {}).get("continue") or ""
+            if not token:
+                return items
 
     async def apply(self, manifest: dict[str, Any], field_manager: str = FIELD_MANAGER) -> dict[str, Any]:
         """Server-side apply (creates when absent); force: this operator is the authority for fields it sets."""

@@ -39,7 +39,7 @@ for _result in ("ok", "config_error", "transient_error", "error"):
 
 def instrumented(reconcile: Callable[Concatenate[S, P], Awaitable[ConfigError | None]],
                  ) -> Callable[Concatenate[S, P], Awaitable[ConfigError | None]]:
-    """Count and time every pass of Reconciler.reconcile."""
+    """Count and time every reconcile pass (Reconciler._pass, whoever asked for it: kopf, a watch event, a timer)."""
 
     @functools.wraps(reconcile)
     async def counted(self: S, *args: P.args, **kwargs: P.kwargs) -> ConfigError | None:

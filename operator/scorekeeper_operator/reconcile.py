@@ -1,15 +1,16 @@
-"""parse → render → apply → observe for one ScoringModel, serialized per object and level-based.
+"""parse → render → apply → observe for one ScoringModel: one idempotent, level-based pass on fresh reads.
 
-Every trigger (the ScoringModel changed, a child changed or vanished, a pod crashed) runs the same idempotent pass
-on fresh reads, so the status is always written from the newest observation, whoever triggered it.
+Every trigger (the ScoringModel changed, a child changed or vanished, a pod crashed, a timer) runs the same pass, so
+the status is always written from the newest observation, whoever triggered it. Passes run in schedule.Scheduler's
+per-model worker; each one logs a PassReport (what it read, what it wrote, when it runs again) at DEBUG.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections import defaultdict
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,73 +21,123 @@ from scorekeeper_operator.image_rollout import RECHECK_SECONDS, ImageRollout
 from scorekeeper_operator.k8s import (
     CHILD_KINDS,
     DISCOVERY_TTL_SECONDS,
+    EVENTS,
     FIELD_MANAGER,
     HANDOVER_FIELD_MANAGER,
     PODS,
     SCORING_MODELS,
     KubeApi,
     RejectedError,
-    TransientApiError,
 )
-from scorekeeper_operator.render import OPTIONAL_KINDS, Rendered, desired_replicas, endpoint, render, selector_string
+from scorekeeper_operator.render import (
+    MANAGED_SELECTOR,
+    OPTIONAL_KINDS,
+    Rendered,
+    autoscaler_name,
+    desired_replicas,
+    endpoint,
+    render,
+    selector_string,
+)
+from scorekeeper_operator.schedule import Key, Scheduler
 from scorekeeper_operator.settings import OperatorSettings
 from scorekeeper_operator.spec import AutoscalerProvider, InvalidSpec, ScoringModel
-from scorekeeper_operator.status import ConfigError, Desired, Observed, compute_status
+from scorekeeper_operator.status import Assessment, ConfigError, Desired, Observed, compute_status
+from scorekeeper_operator.status_pods import needs_events
 
 logger = logging.getLogger(__name__)
+# Conflicts and rejections can heal without a spec edit (the foreign object is deleted, a quota raised): look again.
+HEALABLE = frozenset({"ChildConflict", "Rejected"})
+KEDA_UNAVAILABLE = "KedaUnavailable"  # healed by installing KEDA: looked at again once discovery may have changed
 # Children whose API exists only once an add-on (Prometheus Operator, KEDA) is installed.
 CUSTOM_KINDS = ("ServiceMonitor", "ScaledObject")
-KEDA_UNAVAILABLE = "KedaUnavailable"
-Key = tuple[str, str]  # (namespace, name)
+EVENT_PODS_PER_PASS = 5  # Events are read per pod (by uid), for at most this many pods that are not ready
 
 
-def utc_now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+@dataclass
+class PassReport:
+    """One pass, for the log (and the tests): when it started, what it wrote, its error, when it runs again."""
+
+    key: Key
+    started: float = field(default_factory=time.monotonic)
+    wrote: list[str] = field(default_factory=list)
+    error: str | None = None
+    gone: bool = False
+    next_pass_in: float | None = None
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _scaling_and_startup(model: ScoringModel) -> dict[str, Any]:
+    scaling = model.spec.autoscaling
+    return {"min_replicas": scaling.min_replicas if scaling.enabled else None,
+            "startup_seconds": model.spec.rollout.max_startup_seconds}
 
 
 class Reconciler:
-    def __init__(self, api: KubeApi, settings: OperatorSettings, clock: Callable[[], str] = utc_now) -> None:
+    def __init__(self, api: KubeApi, settings: OperatorSettings, clock: Callable[[], datetime] = utc_now) -> None:
         self.api, self.settings, self._clock = api, settings, clock
-        self._locks: defaultdict[Key, asyncio.Lock] = defaultdict(asyncio.Lock)
-        self._tasks: dict[Key, asyncio.Task[None]] = {}
-        self._dirty: set[Key] = set()
+        self.scheduler: Scheduler[ConfigError | None] = Scheduler(self._pass, settings.retry_delay)
         self.image_rollout = ImageRollout(api, settings)
-        self._rechecks: dict[Key, asyncio.TimerHandle] = {}
+
+    async def reconcile(self, namespace: str, name: str) -> ConfigError | None:
+        """A pass now (for the kopf handlers). Returns the configuration error written to status, if any."""
+        return await self.scheduler.run_soon((namespace, name))
+
+    def trigger(self, namespace: str, name: str) -> None:
+        """A pass soon (for watch events on children), coalesced with any already due."""
+        self.scheduler.trigger((namespace, name))
+
+    async def close(self) -> None:
+        await self.scheduler.close()
+        self.api.close()
 
     @metrics.instrumented
-    async def reconcile(self, namespace: str, name: str) -> ConfigError | None:
-        """One full pass. Returns the configuration error written to status, if any; raises TransientApiError."""
-        async with self._locks[(namespace, name)]:
-            body = await self.api.get(SCORING_MODELS, namespace, name)
-            if body is None or body["metadata"].get("deletionTimestamp"):
-                return None  # gone or going: ownerReferences let the garbage collector remove the children
-            model, error = self._parse(body)
-            if model is not None:
-                model, error = await self._pin_revision(model)
-            keda_api = False
-            if model is not None:
-                keda_api, error = await self._keda_api(model)
-            rendered: Rendered | None = None
-            pending: str | None = None
-            if model is not None and error is None:
-                monitor_api = model.spec.monitoring.service_monitor \
-                    and await self.api.serves(CHILD_KINDS["ServiceMonitor"])
-                async with self.image_rollout.decide(model) as image:
-                    rendered = render(model, self.settings, service_monitor_api=monitor_api, keda_api=keda_api,
-                                      worker_image=image.image)
-                    error = await self._converge(model, rendered)
-                pending = image.pending
-            desired = Desired(
-                generation=int(body["metadata"].get("generation") or 0), selector=selector_string(name),
-                endpoint=endpoint(name, namespace), rendered=rendered if error is None else None,
-                fixed_replicas=desired_replicas(model) if model is not None else None, config_error=error,
-                model_source=model.model_status() if model is not None else (body.get("status") or {}).get("model"),
-                pending_image=pending)
-            observed = Observed(await self.api.get(CHILD_KINDS["Deployment"], namespace, name),
-                                await self.api.list(PODS, namespace, selector_string(name)))
-            await self._write_status(body, compute_status(desired, observed, body.get("status") or {}, self._clock()))
-            self._schedule_followups((namespace, name), pending, error, observed.deployment)
-            return error
+    async def _pass(self, key: Key) -> ConfigError | None:
+        report = PassReport(key)
+        namespace, name = key
+        body = await self.api.get(SCORING_MODELS, namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            report.gone = True  # gone or going: ownerReferences let the garbage collector remove the children
+            self.scheduler.retire(key)
+            self.image_rollout.waiting.discard(key)
+            metrics.UPGRADES_WAITING.set(len(self.image_rollout.waiting))
+            logger.debug("pass %s/%s: the ScoringModel is gone", *key, extra={"pass_report": report})
+            return None
+        model, error = self._parse(body)
+        if model is not None:
+            model, error = await self._pin_revision(model, report)
+        keda_api = False
+        if model is not None:
+            keda_api, error = await self._keda_api(model)
+        rendered: Rendered | None = None
+        pending: str | None = None
+        if model is not None and error is None:
+            monitor_api = model.spec.monitoring.service_monitor \
+                and await self.api.serves(CHILD_KINDS["ServiceMonitor"])
+            async with self.image_rollout.decide(model) as image:
+                rendered = render(model, self.settings, service_monitor_api=monitor_api, keda_api=keda_api,
+                                  worker_image=image.image)
+                error = await self._converge(model, rendered, report)
+            pending = image.pending
+        desired = Desired(
+            generation=int(body["metadata"].get("generation") or 0), selector=selector_string(name),
+            endpoint=endpoint(name, namespace), rendered=rendered if error is None else None, config_error=error,
+            fixed_replicas=desired_replicas(model) if model is not None else None,
+            model_source=model.model_status() if model is not None else (body.get("status") or {}).get("model"),
+            pending_image=pending, **(_scaling_and_startup(model) if model is not None else {}))
+        observed = await self._observe(key, autoscaler_name(model) if model is not None else None)
+        assessment = compute_status(desired, observed, body.get("status") or {}, self._clock())
+        if await self._write_status(body, assessment.status):
+            report.wrote.append("status")
+        report.error = error.reason if error is not None else None
+        self._schedule_next(key, error, assessment, pending, report)
+        self._release_waiting(key, observed.deployment)
+        logger.debug("pass %s/%s: wrote %s; next pass in %.1fs", *key, ", ".join(report.wrote) or "nothing",
+                     report.next_pass_in, extra={"pass_report": report})
+        return error
 
     def _parse(self, body: dict[str, Any]) -> tuple[ScoringModel | None, ConfigError | None]:
         try:
@@ -102,9 +153,11 @@ class Reconciler:
                                      " pvc:// or file:// model")
         return model, None
 
-    async def _pin_revision(self, model: ScoringModel) -> tuple[ScoringModel | None, ConfigError | None]:
+    async def _pin_revision(self, model: ScoringModel,
+                            report: PassReport) -> tuple[ScoringModel | None, ConfigError | None]:
         """hf:// without a commit yet: ask the Hub once. The commit goes to status.model before anything is applied,
-        so no later pass (another replica count, an operator restart) can ever ask again and get another one."""
+        so no later pass (another replica count, an operator restart) can ever ask again and get another one.
+        A Hub that does not answer raises HubUnavailable: the scheduler retries the pass with backoff."""
         source = model.spec.model
         if source.scheme != "hf" or model.hf_commit is not None:
             return model, None
@@ -121,6 +174,7 @@ class Reconciler:
                     source.revision or "default branch", commit)
         model = model.model_copy(update={"resolved_revision": commit})
         await self.api.patch_status(SCORING_MODELS, model.namespace, model.name, {"model": model.model_status()})
+        report.wrote.append("status.model")
         return model, None
 
     async def _keda_api(self, model: ScoringModel) -> tuple[bool, ConfigError | None]:
@@ -133,41 +187,27 @@ class Reconciler:
         return False, ConfigError(KEDA_UNAVAILABLE, "autoscaling.provider is KEDA, but keda.sh/v1alpha1 ScaledObjects"
                                   " are not served; install KEDA (checked again every minute)")
 
-    def _schedule_followups(self, key: Key, pending: str | None, error: ConfigError | None,
-                            deployment: dict[str, Any] | None) -> None:
-        """Passes no watch event would start: a model waiting for an upgrade slot or for KEDA is looked at again
-        later, and a finished upgrade lets the waiting models go."""
-        timer = self._rechecks.pop(key, None)
-        if timer is not None:
-            timer.cancel()
-        delay = RECHECK_SECONDS if pending else DISCOVERY_TTL_SECONDS if error and error.reason == KEDA_UNAVAILABLE \
-            else None
-        if delay is not None:
-            self._rechecks[key] = asyncio.get_running_loop().call_later(delay, self.trigger, *key)
-        if self.image_rollout.frees_a_slot(deployment):
-            for waiting in sorted(self.image_rollout.waiting - {key}):
-                self.trigger(*waiting)
-        metrics.UPGRADES_WAITING.set(len(self.image_rollout.waiting))
-
-    async def _converge(self, model: ScoringModel, rendered: Rendered) -> ConfigError | None:
+    async def _converge(self, model: ScoringModel, rendered: Rendered, report: PassReport) -> ConfigError | None:
         """Apply what is missing or drifted, delete optional children no longer wanted, leave foreign objects be."""
         live = {m["kind"]: await self.api.get(CHILD_KINDS[m["kind"]], model.namespace, model.name)
                 for m in rendered.manifests}
         for kind, obj in live.items():
             if obj is not None and not owned_by(obj, model.uid):
                 return ConfigError("ChildConflict", f"{kind} {model.namespace}/{model.name} exists and is not owned by"
-                                   " this ScoringModel; rename the ScoringModel or remove that object")
+                                   " this ScoringModel; rename the ScoringModel or remove that object (the operator"
+                                   " looks again, with backoff)")
         for manifest in rendered.manifests:
-            current = live[manifest["kind"]]
-            handover = current is not None and manifest["kind"] == "Deployment" \
+            kind, current = manifest["kind"], live[manifest["kind"]]
+            handover = current is not None and kind == "Deployment" \
                 and "replicas" not in manifest["spec"] and applies_field(current, FIELD_MANAGER, ("spec", "replicas"))
             try:
                 if handover:
                     await self._hand_over_replicas(current)  # then apply, to give up our ownership of replicas now
                 if current is None or handover or not contains(current, manifest):
                     await self.api.apply(manifest)
+                    report.wrote.append(f"apply {kind}")
             except RejectedError as error:
-                return ConfigError("Rejected", f"the API rejected {manifest['kind']} {model.name}: {error.message}")
+                return ConfigError("Rejected", f"the API rejected {kind} {model.name}: {error.message}")
         wanted = {m["kind"] for m in rendered.manifests}
         for kind in OPTIONAL_KINDS:
             if kind in wanted or (kind in CUSTOM_KINDS and not await self.api.serves(CHILD_KINDS[kind])):
@@ -175,7 +215,48 @@ class Reconciler:
             stale = await self.api.get(CHILD_KINDS[kind], model.namespace, model.name)
             if stale is not None and owned_by(stale, model.uid):
                 await self.api.delete(CHILD_KINDS[kind], model.namespace, model.name, stale["metadata"]["uid"])
+                report.wrote.append(f"delete {kind}")
         return None
+
+    async def _observe(self, key: Key, autoscaler: str | None) -> Observed:
+        """`autoscaler`: the name of the HPA that sets the replica count (ours, or KEDA's); None: no autoscaling."""
+        namespace, name = key
+        deployment = await self.api.get(CHILD_KINDS["Deployment"], namespace, name)
+        pods = await self.api.list(PODS, namespace, label_selector=f"{selector_string(name)},{MANAGED_SELECTOR}")
+        events: dict[str, list[dict[str, Any]]] = {}
+        for pod in [p for p in pods if needs_events(p)][:EVENT_PODS_PER_PASS]:
+            about = f"involvedObject.uid={pod['metadata']['uid']}"
+            events[pod["metadata"]["name"]] = await self.api.list(EVENTS, namespace, field_selector=about)
+        hpa = None if autoscaler is None \
+            else await self.api.get(CHILD_KINDS["HorizontalPodAutoscaler"], namespace, autoscaler)
+        return Observed(deployment, pods, events, hpa)
+
+    def _schedule_next(self, key: Key, error: ConfigError | None, assessment: Assessment, pending: str | None,
+                       report: PassReport) -> None:
+        """The next timed pass: the earliest of the resync, a re-check of what heals without an event (a conflict,
+        a rejection, KEDA getting installed, an upgrade slot freed by a deleted model), a deadline, Event polling."""
+        delays = [self.settings.resync_seconds]
+        if error is not None and error.reason in HEALABLE:
+            delays.append(self.scheduler.backoff(key, "blocked"))
+        else:
+            self.scheduler.settle(key, "blocked")
+        if error is not None and error.reason == KEDA_UNAVAILABLE:
+            delays.append(DISCOVERY_TTL_SECONDS)  # the API discovery cache's lifetime: no sooner can KEDA show up
+        if pending is not None:
+            delays.append(RECHECK_SECONDS)
+        if assessment.recheck_in is not None:
+            delays.append(assessment.recheck_in + 1.0)  # just past the deadline
+        if assessment.waiting:
+            delays.append(self.settings.poll_seconds)
+        report.next_pass_in = min(delays)
+        self.scheduler.after(key, report.next_pass_in)
+
+    def _release_waiting(self, key: Key, deployment: dict[str, Any] | None) -> None:
+        """A model that finished rolling out the new default image frees its slot: the waiting models go now."""
+        if self.image_rollout.frees_a_slot(deployment):
+            for waiting in sorted(self.image_rollout.waiting - {key}):
+                self.scheduler.trigger(waiting)
+        metrics.UPGRADES_WAITING.set(len(self.image_rollout.waiting))
 
     async def _hand_over_replicas(self, deployment: dict[str, Any]) -> None:
         """Autoscaling was just switched on: keep the live replica count until the HPA takes it over."""
@@ -184,10 +265,10 @@ class Reconciler:
                               "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
                               "spec": {"replicas": deployment["spec"].get("replicas", 1)}}, HANDOVER_FIELD_MANAGER)
 
-    async def _write_status(self, body: dict[str, Any], status: dict[str, Any]) -> None:
+    async def _write_status(self, body: dict[str, Any], status: dict[str, Any]) -> bool:
         previous = body.get("status") or {}
         if status == previous:
-            return  # unchanged: no write, no event, no loop
+            return False  # unchanged: no write, no event, no loop
         removed = {key: None for key in previous if key not in status}  # merge-patch deletes keys set to null
         meta = body["metadata"]
         try:
@@ -195,40 +276,5 @@ class Reconciler:
         except RejectedError as error:
             if error.status != 404:
                 raise  # 404: deleted since we read it; nothing left to report on
-
-    # Child events arrive through kopf's on.event handlers, which kopf never retries: retry here, with backoff,
-    # and coalesce bursts (a rollout emits many pod events) into one extra pass.
-    def trigger(self, namespace: str, name: str) -> None:
-        key = (namespace, name)
-        if key in self._tasks:
-            self._dirty.add(key)
-        else:
-            self._tasks[key] = asyncio.get_running_loop().create_task(self._run(key))
-
-    async def _run(self, key: Key) -> None:
-        attempt = 0
-        try:
-            while True:
-                self._dirty.discard(key)
-                try:
-                    await self.reconcile(*key)
-                    attempt = 0
-                except Exception as error:  # transient API errors, and (like kopf) anything unexpected: back off
-                    delay = self.settings.retry_delay(attempt)
-                    attempt += 1
-                    log = logger.warning if isinstance(error, TransientApiError) else logger.exception
-                    log("reconciling %s/%s failed (%s); retrying in %.1fs", *key, error, delay)
-                    await asyncio.sleep(delay)
-                    continue
-                if key not in self._dirty:
-                    return
-        finally:
-            self._tasks.pop(key, None)
-
-    async def close(self) -> None:
-        for timer in self._rechecks.values():
-            timer.cancel()
-        for task in list(self._tasks.values()):
-            task.cancel()
-        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
-        self.api.close()
+            return False
+        return True

@@ -17,6 +17,7 @@ from scorekeeper_operator.spec import AutoscalerProvider, RolloutStrategy, Scori
 API_VERSION = "scorekeeper.dev/v1alpha1"
 KIND = "ScoringModel"
 MANAGED_BY = "scorekeeper-operator"
+MANAGED_SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"  # on every child and worker pod
 CONFIG_HASH_ANNOTATION = "scorekeeper.dev/config-hash"
 # On the Deployment (not its pods): the operator's default worker image it runs, when spec.image is empty. A new
 # default then rolls out gradually (image_rollout.py); an image the spec names never changes with the default.
@@ -63,6 +64,14 @@ def owner_reference(model: ScoringModel) -> dict[str, Any]:
 def desired_replicas(model: ScoringModel) -> int | None:
     """None when an autoscaler owns the replica count (then the Deployment is applied without spec.replicas)."""
     return None if model.spec.autoscaling.enabled else model.spec.replicas
+
+
+def autoscaler_name(model: ScoringModel) -> str | None:
+    """The HorizontalPodAutoscaler that sets the replica count: ours, or the one KEDA creates; None: no autoscaling."""
+    scaling = model.spec.autoscaling
+    if not scaling.enabled:
+        return None
+    return render_optional.keda_hpa_name(model.name) if scaling.provider is AutoscalerProvider.KEDA else model.name
 
 
 def _wants_pdb(model: ScoringModel) -> bool:

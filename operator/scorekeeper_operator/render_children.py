@@ -11,6 +11,8 @@ from scorekeeper_operator.spec import ScoringModel
 
 # Exposed by the worker as a gauge; the Prometheus adapter must serve it as a Pods metric for the HPA.
 QUEUE_METRIC = "scorekeeper_queue_depth"
+# The PDB's disruption allowance; status counts a model with this many pods short as still Available.
+MAX_UNAVAILABLE = 1
 
 
 def scaling_behavior() -> dict[str, Any]:
@@ -44,7 +46,7 @@ def service(meta: dict[str, Any], selector: dict[str, str]) -> dict[str, Any]:
 def pod_disruption_budget(meta: dict[str, Any], selector: dict[str, str]) -> dict[str, Any]:
     # maxUnavailable (not minAvailable) so a drain can always make progress, one pod at a time.
     return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": meta,
-            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}}}
+            "spec": {"maxUnavailable": MAX_UNAVAILABLE, "selector": {"matchLabels": selector}}}
 
 
 def horizontal_pod_autoscaler(model: ScoringModel, meta: dict[str, Any]) -> dict[str, Any]:

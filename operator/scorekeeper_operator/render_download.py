@@ -9,28 +9,15 @@ from the worker image; it picks the files a model needs (worker/scorekeeper_work
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 from scorekeeper_operator import flags, pod_layout
+from scorekeeper_operator.quantity import quantity_bytes
 from scorekeeper_operator.settings import OperatorSettings
 from scorekeeper_operator.spec import ScoringModel
 
 DOWNLOAD_CONTAINER = "download-model"
 DOWNLOAD_COMMAND = ["python", "-m", "scorekeeper_worker.hub_download"]
-_UNITS = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-          "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(?:([KMGTPE]i|[kKMGTPE])|[eE]([0-9]+)|(m))?$")
-
-
-def quantity_bytes(quantity: str) -> int:
-    """A Kubernetes quantity of bytes ("20Gi", "500M", "1e9") as an integer, rounded up."""
-    match = _QUANTITY.match(quantity)
-    if match is None:
-        raise ValueError(f"not a quantity: {quantity!r}")
-    number, unit, exponent, milli = match.groups()
-    scale = 10 ** int(exponent) if exponent else 10**-3 if milli else _UNITS[unit or ""]
-    return math.ceil(float(number) * scale)
 
 
 def mebibytes(size: int) -> str:

@@ -13,6 +13,12 @@ from scorekeeper_operator.spec_pod import LabelSelector
 KEDA_POLLING_SECONDS = 15
 
 
+def keda_hpa_name(name: str) -> str:
+    """The HPA KEDA creates for the ScaledObject: named explicitly (KEDA's default name), so that status can read its
+    conditions (the Autoscaling condition) as it reads those of the operator's own HPA."""
+    return f"keda-hpa-{name}"
+
+
 def _selector(selector: LabelSelector) -> dict[str, Any]:
     dumped: dict[str, Any] = selector.model_dump(mode="json", by_alias=True, exclude_defaults=True)
     return dumped
@@ -60,7 +66,8 @@ def scaled_object(model: ScoringModel, meta: dict[str, Any]) -> dict[str, Any]:
             "minReplicaCount": scaling.min_replicas,
             "maxReplicaCount": scaling.max_replicas,
             "pollingInterval": KEDA_POLLING_SECONDS,
-            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": scaling_behavior()}},
+            "advanced": {"horizontalPodAutoscalerConfig": {"name": keda_hpa_name(model.name),
+                                                            "behavior": scaling_behavior()}},
             "triggers": [{
                 "type": "prometheus", "metricType": "AverageValue",
                 "metadata": {"serverAddress": scaling.prometheus_address,

@@ -12,12 +12,12 @@ import math
 from typing import Any
 
 from scorekeeper_operator import flags, pod_layout
+from scorekeeper_operator.quantity import quantity_bytes
 from scorekeeper_operator.render_download import (
     download_init_container,
     downloads_to_empty_dir,
     mebibytes,
     model_volume,
-    quantity_bytes,
 )
 from scorekeeper_operator.settings import OperatorSettings
 from scorekeeper_operator.spec import ScoringModel
@@ -122,6 +122,7 @@ def _worker_container(model: ScoringModel, image: str, model_mounts: list[dict[s
             *_api_key_mounts(model),
         ],
         "securityContext": _container_security(),
+        "terminationMessagePolicy": "FallbackToLogsOnError",  # why it could not load (or its log tail) → status
     }
     if user["envFrom"]:
         container["envFrom"] = user["envFrom"]

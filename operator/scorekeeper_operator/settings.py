@@ -34,6 +34,10 @@ class OperatorSettings(BaseModel):
     max_concurrent_upgrades: int = Field(1, ge=1, le=1000)
     # Port of the operator's Prometheus /metrics; 0: not served.
     metrics_port: int = Field(0, ge=0, le=65535)
+    # Every model gets a full pass at least this often, whatever the watches delivered (or lost).
+    resync_seconds: float = Field(600.0, gt=0)
+    # While a pod is on its way (scheduling, mounting, loading), its Events are read again this often.
+    poll_seconds: float = Field(30.0, gt=0)
 
     def retry_delay(self, attempt: int) -> float:
         return float(min(self.retry_max_seconds, self.retry_base_seconds * 2 ** min(attempt, 20)))
@@ -52,6 +56,10 @@ class OperatorSettings(BaseModel):
             values["retry_base_seconds"] = float(base)
         if cap := env.get("SCOREKEEPER_RETRY_MAX_SECONDS"):
             values["retry_max_seconds"] = float(cap)
+        if resync := env.get("SCOREKEEPER_RESYNC_SECONDS"):
+            values["resync_seconds"] = float(resync)
+        if poll := env.get("SCOREKEEPER_POLL_SECONDS"):
+            values["poll_seconds"] = float(poll)
         if allow := env.get("SCOREKEEPER_ALLOW_HF_DOWNLOAD"):
             values["allow_hf_download"] = allow.strip().lower() in {"1", "true", "yes"}
         if endpoint := env.get("SCOREKEEPER_HF_ENDPOINT"):

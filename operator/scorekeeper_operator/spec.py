@@ -15,10 +15,10 @@ from typing import Any, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from scorekeeper_operator.flags import RESERVED_FLAGS
+from scorekeeper_operator.quantity import QUANTITY_PATTERN
 from scorekeeper_operator.spec_base import Spec
 from scorekeeper_operator.spec_pod import NetworkPolicy, PodOptions
 
-_QUANTITY = r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?|[eE][0-9]+|m)?$"
 _URI = re.compile(r"^(?P<scheme>pvc|hf|file)://(?P<rest>.+)$")
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 # hf://org/name, or hf://org/name/path/file.gguf for one GGUF file of a repository that holds several
@@ -70,7 +70,7 @@ class ModelSource(Spec):
     dtype: DType = DType.AUTO
     token_secret_ref: SecretKeyRef | None = None
     cache: ModelCache | None = None  # hf:// only: a PVC shared by pods and restarts, keyed by repository and commit
-    download_size_limit: str | None = Field(None, pattern=_QUANTITY)  # hf:// only; None: 20Gi
+    download_size_limit: str | None = Field(None, pattern=QUANTITY_PATTERN)  # hf:// only; None: 20Gi
 
     @model_validator(mode="before")
     @classmethod
@@ -175,8 +175,8 @@ class Gpu(Spec):
 
 class Resources(Spec):
     gpu: Gpu = Gpu()
-    cpu: str | None = Field(None, pattern=_QUANTITY)
-    memory: str | None = Field(None, pattern=_QUANTITY)
+    cpu: str | None = Field(None, pattern=QUANTITY_PATTERN)
+    memory: str | None = Field(None, pattern=QUANTITY_PATTERN)
 
     @model_validator(mode="before")
     @classmethod

@@ -6,7 +6,8 @@ Three in-process workers on loopback ports, each its own scrape job (job = the S
   pooled-hidden-state, rerank, invalid and unknown-path requests;
 - `limits`: the same model with the smallest batch/queue/body limits, so one large request deterministically fills
   the queue (429s) and a 5 kB body is refused (413);
-- `broken`: a model directory that does not exist, so the worker stays alive but never ready and answers 503;
+- `broken`: a model directory that does not exist, so the worker is never ready and answers 503 (in-process it stays
+  up; the real process exits with its reason, once a scrape or two could have seen it);
 - `failing`: the same model as `main`, whose forward passes all fail (as a CUDA error would), so it answers 500; it
   serves /metrics on its own port (--metrics-port), where Prometheus scrapes it, as a ServiceMonitor does in a cluster.
 
@@ -223,7 +224,7 @@ def observed(tiny_model: Callable[[str], Path], tmp_path_factory: pytest.TempPat
         prometheus.wait_ready()
         workers["main"].wait_status("/ready", 200)
         workers["limits"].wait_status("/ready", 200)
-        workers["broken"].wait_status("/health", 200)
+        workers["broken"].wait_status("/health", 503)  # the load failure is recorded
         workers["failing"].wait_status("/ready", 200)
         scheduler = workers["failing"].app.state.service.scheduler
 
@@ -255,13 +256,13 @@ def observed(tiny_model: Callable[[str], Path], tmp_path_factory: pytest.TempPat
                               timeout=10).status_code == 503
             if i == 0:
                 wait_for("the first 503 to be scraped", lambda: bool(prometheus.query(
-                    'scorekeeper_requests_total{job="broken", code="503"}')), 10)
+                    'scorekeeper_requests_total{job="broken", endpoint="/v1/score", code="503"}')), 10)
         for i in range(3):
             assert httpx.post(failing.url + "/v1/score", json={"query": "q", "items": ["x"]},
                               timeout=10).status_code == 500
             if i == 0:
                 wait_for("the first 500 to be scraped", lambda: bool(prometheus.query(
-                    'scorekeeper_requests_total{job="failing", code="500"}')), 10)
+                    'scorekeeper_requests_total{job="failing", endpoint="/v1/score", code="500"}')), 10)
 
         # Wait until Prometheus holds the final values of what the load moved (scrapes themselves move only the
         # /metrics request counter, which is excluded here).
@@ -380,7 +381,7 @@ def test_start_up_and_readiness_metrics(observed: Observed) -> None:
     assert value(main, "scorekeeper_model_info", model="qwen3-cls3", kind="classifier", dtype="float32",
                  device="cpu") == 1
     assert any(name == "scorekeeper_build_info" for name, _ in main)
-    # A worker whose model failed to load stays alive (liveness) but never ready, and refuses work with 503.
+    # A worker whose model failed to load is never ready, and refuses work with 503.
     assert value(broken, "scorekeeper_ready") == 0
     assert value(broken, "scorekeeper_requests_total", endpoint="/v1/score", code="503") == observed.broken_503
 

@@ -72,13 +72,20 @@ def schema_errors(obj: dict[str, Any]) -> list[str]:
             for e in sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))]
 
 
-def _rule_sites(schema: dict[str, Any], value: Any, path: str) -> Iterator[tuple[str, dict[str, Any], Any]]:
+_ABSENT = object()
+
+
+def _rule_sites(schema: dict[str, Any], value: Any, path: str,
+                old: Any = _ABSENT) -> Iterator[tuple[str, dict[str, Any], Any, Any]]:
+    """(path, rule, value, old value or _ABSENT) for every rule that applies; old values follow object fields only
+    (list items are correlated by the API only for map-type lists, which this schema does not use)."""
     for rule in schema.get("x-kubernetes-validations", []):
-        yield path, rule, value
+        yield path, rule, value, old
     if isinstance(value, dict):
         for key, sub in schema.get("properties", {}).items():
             if key in value:
-                yield from _rule_sites(sub, value[key], f"{path}.{key}" if path else key)
+                before = old.get(key, _ABSENT) if isinstance(old, dict) else _ABSENT
+                yield from _rule_sites(sub, value[key], f"{path}.{key}" if path else key, before)
     elif isinstance(value, list) and "items" in schema:
         for index, item in enumerate(value):
             yield from _rule_sites(schema["items"], item, f"{path}[{index}]")
@@ -90,12 +97,18 @@ def _program(rule: str) -> celpy.Runner:
     return env.program(env.compile(rule))
 
 
-def cel_errors(obj: dict[str, Any]) -> list[str]:
-    """Every failing (or erroring: the API treats both as invalid) rule as 'path: message'."""
+def cel_errors(obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[str]:
+    """Every failing (or erroring: the API treats both as invalid) rule as 'path: message'. Transition rules (those
+    that read `oldSelf`) run only on an update where the old object has that field, as in the API server."""
     errors = []
-    for path, rule, value in _rule_sites(version_schema(), obj, ""):
+    for path, rule, value, before in _rule_sites(version_schema(), obj, "", _ABSENT if old is None else old):
+        activation = {"self": celpy.json_to_cel(value)}
+        if "oldSelf" in rule["rule"]:
+            if before is _ABSENT:
+                continue
+            activation["oldSelf"] = celpy.json_to_cel(before)
         try:
-            result = _program(rule["rule"]).evaluate({"self": celpy.json_to_cel(value)})
+            result = _program(rule["rule"]).evaluate(activation)
             ok = result is True or (isinstance(result, celpy.celtypes.BoolType) and bool(result))
         except Exception as error:  # a CEL evaluation error rejects the object, as in the API server
             ok, rule = False, {**rule, "message": f"{rule.get('message', rule['rule'])} ({error})"}
@@ -104,20 +117,25 @@ def cel_errors(obj: dict[str, Any]) -> list[str]:
     return errors
 
 
-def rules() -> list[str]:
-    return [rule["rule"] for _, rule, _ in _rule_sites(version_schema(), _everything_present(), "")]
+def rule_messages() -> set[str]:
+    """The message of every CEL rule in the CRD."""
+    return {rule.get("message", rule["rule"]) for _, rule, _, _ in _rule_sites(version_schema(), _everything_present(),
+                                                                              "")}
 
 
 def _everything_present() -> dict[str, Any]:
     """An object reaching every rule site (used to enumerate the rules)."""
     return apply_defaults(version_schema(), {"metadata": {"name": "x"}, "spec": {
-        "model": {"uri": "hf://a/b"}, "extraArgs": []}})
+        "model": {"uri": "hf://a/b"}, "extraArgs": [],
+        "pod": {"env": [], "volumes": [{"name": "v", "emptyDir": {}}], "labels": {}, "annotations": {}},
+        "networkPolicy": {"enabled": True, "from": [{"podSelector": {}}]}}})
 
 
-def admit(obj: dict[str, Any]) -> dict[str, Any]:
-    """Default, then validate, like the API server on create and update; raises ValueError with every message."""
+def admit(obj: dict[str, Any], old: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Default, then validate, like the API server on create and update (`old`: the stored object, for transition
+    rules); raises ValueError with every message."""
     defaulted = apply_defaults(version_schema(), obj)
-    errors = schema_errors(defaulted) or cel_errors(defaulted)  # the API runs CEL only on schema-valid objects
+    errors = schema_errors(defaulted) or cel_errors(defaulted, old)  # the API runs CEL only on schema-valid objects
     if errors:
         raise ValueError("ScoringModel is invalid: " + "; ".join(errors))
     return defaulted

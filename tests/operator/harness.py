@@ -1,12 +1,16 @@
 """Run the real operator (kopf, in process) against the extended KMock emulator, and poke it like a cluster would.
 
 The harness's own requests carry HARNESS_HEADER, so `emulator.calls` holds only what the operator asked for.
+Deterministic waits: `Cluster.reconciled()` nudges the operator and waits for a reconcile pass that *started* after
+every change so far was committed (the operator logs a PassReport per pass), so "the operator saw it and did
+nothing" needs no sleep.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import tempfile
 import threading
@@ -20,15 +24,21 @@ import kmock
 import kopf
 import yaml
 from kmock._internal import parsing
-from kmock_ext import HARNESS_HEADER, RealisticEmulator
-from kmock_semantics import parse_path_with_namespaces
+from kmock_cluster import ClusterEmulator
+from kmock_ext import HARNESS_HEADER
+from kmock_semantics import canonical_resources, parse_path_with_namespaces
+from kopf._core.reactor.inventory import ResourceMemories  # kopf.operator(memories=…) takes it; not re-exported
+from scorekeeper_operator.reconcile import PassReport
+from scorekeeper_operator.render import MANAGED_BY
 
 T = TypeVar("T")
 GROUP_VERSION = "scorekeeper.dev/v1alpha1"
 HEADERS = {HARNESS_HEADER: "1"}
 NAMESPACE = "ml"
 NAMESPACES = (NAMESPACE, "elsewhere", "rbac")
-FAST_RETRIES = {"SCOREKEEPER_RETRY_BASE_SECONDS": "0.2", "SCOREKEEPER_RETRY_MAX_SECONDS": "1"}
+# Fast backoff and Event polling; the resync stays long, so that no test passes thanks to it by accident.
+FAST = {"SCOREKEEPER_RETRY_BASE_SECONDS": "0.2", "SCOREKEEPER_RETRY_MAX_SECONDS": "1",
+        "SCOREKEEPER_POLL_SECONDS": "0.3", "SCOREKEEPER_RESYNC_SECONDS": "600"}
 
 
 def path(plural: str, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
@@ -46,8 +56,11 @@ def scoring_model(name: str = "reranker", namespace: str = NAMESPACE, **spec: An
 
 
 class Cluster:
-    def __init__(self, emulator: RealisticEmulator) -> None:
+    def __init__(self, emulator: ClusterEmulator) -> None:
         self.emulator = emulator
+        self.passes: list[PassReport] = []  # every reconcile pass of the running operator(s), in completion order
+        self.memories: ResourceMemories | None = None  # what kopf keeps per watched object (the running one)
+        self.memo: kopf.Memo | None = None  # the running operator's root memo (memo.reconciler)
 
     async def _send(self, method: str, url: str, body: Any = None, content_type: str | None = None) -> Any:
         headers = {**HEADERS, **({"Content-Type": content_type} if content_type else {})}
@@ -58,6 +71,7 @@ class Cluster:
         return data
 
     async def create(self, plural: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST it; the stored object (with uid and resourceVersion)."""
         result: dict[str, Any] = await self._send("POST", path(plural, namespace), body)
         return result
 
@@ -70,14 +84,40 @@ class Cluster:
     async def delete(self, plural: str, namespace: str, name: str) -> None:
         await self._send("DELETE", path(plural, namespace, name))
 
-    def get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """The stored object (a copy), read directly from the emulator."""
+    def versions(self, plural: str, namespace: str, name: str) -> list[dict[str, Any]]:
+        """Every stored version of the object, oldest first (what watchers were told, in order)."""
         for (res, ns, obj_name), obj in self.emulator.objects.items():
-            if res.plural == plural and ns == namespace and obj_name == name and not obj.deleted:
-                return obj.raw
+            if res.plural == plural and ns == namespace and obj_name == name:
+                return [version.raw for version in obj.history if version is not None]
+        return []
+
+    def get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The stored object, read directly from the emulator."""
+        for res in self.emulator.resources:
+            if res.plural == plural and (res, namespace, name) in self.emulator.objects:
+                obj = self.emulator.objects[res, namespace, name]
+                return None if obj.deleted else obj.raw
         return None
 
-    async def wait_for(self, check: Callable[[], T | None], timeout: float = 10.0, what: str = "") -> T:
+    async def reconciled(self, name: str = "reranker", namespace: str = NAMESPACE,
+                         timeout: float = 30.0) -> PassReport:
+        """Nudge the operator and wait for a pass of this model that started after every change made so far and
+        has finished: it read the current state, and wrote whatever it was going to write (its PassReport says).
+
+        The nudge is a ConfigMap labelled as the model's (not one of its children), which any child event would do.
+        """
+        after = time.monotonic()
+        nudge = {"metadata": {"name": f"{name}-nudge", "labels": {"app.kubernetes.io/managed-by": MANAGED_BY,
+                                                                  "app.kubernetes.io/instance": name},
+                              "annotations": {"nudge": str(after)}}}
+        if self.get("configmaps", namespace, f"{name}-nudge") is None:
+            await self.create("configmaps", namespace, nudge)
+        else:
+            await self.patch("configmaps", namespace, f"{name}-nudge", nudge)
+        return await self.wait_for(lambda: next((p for p in self.passes if p.key == (namespace, name)
+                                                 and p.started > after), None), timeout, f"a pass of {name}")
+
+    async def wait_for(self, check: Callable[[], T | None], timeout: float = 30.0, what: str = "") -> T:
         """Poll until `check()` returns something truthy; fail with the last value otherwise."""
         deadline = time.monotonic() + timeout
         while True:
@@ -89,44 +129,7 @@ class Cluster:
             await asyncio.sleep(0.05)
 
 
-async def add_worker_pod(cluster: Cluster, name: str, model: str = "reranker", *, ready: bool = True,
-                         namespace: str = NAMESPACE, **status: Any) -> None:
-    """What the ReplicaSet controller and kubelet would do: a pod from the Deployment's template, with a status."""
-    deployment = cluster.get("deployments", namespace, model)
-    assert deployment is not None, "no Deployment to make a pod for"
-    template = deployment["spec"]["template"]["metadata"]
-    await cluster.create("pods", namespace, {"metadata": {"name": name, "labels": template["labels"],
-                                                          "annotations": template["annotations"]},
-                                             "spec": deployment["spec"]["template"]["spec"]})
-    conditions = [{"type": "Ready", "status": "True" if ready else "False"}, *status.pop("conditions", [])]
-    await cluster.patch("pods", namespace, name, {"status": {"phase": "Running", "conditions": conditions, **status}},
-                        subresource="status")
-
-
-async def set_deployment_status(cluster: Cluster, ready: int, model: str = "reranker", *,
-                                namespace: str = NAMESPACE, **extra: Any) -> None:
-    """What the Deployment controller would report: `ready` pods, all on the newest template."""
-    deployment = cluster.get("deployments", namespace, model)
-    assert deployment is not None
-    want = deployment["spec"].get("replicas", 1)
-    status = {"observedGeneration": deployment["metadata"]["generation"], "replicas": want, "updatedReplicas": want,
-              "readyReplicas": ready, "availableReplicas": ready, **extra}
-    await cluster.patch("deployments", namespace, model, {"status": status}, subresource="status")
-
-
-async def quiet(cluster: Cluster, seconds: float = 0.5, timeout: float = 10.0) -> None:
-    """Wait until the operator has made no API call for `seconds` (its reaction to the last change is over)."""
-    deadline = time.monotonic() + timeout
-    seen = len(cluster.emulator.calls)
-    while time.monotonic() < deadline:
-        await asyncio.sleep(seconds)
-        if len(cluster.emulator.calls) == seen:
-            return
-        seen = len(cluster.emulator.calls)
-    raise AssertionError(f"the operator kept calling the API for {timeout}s")
-
-
-def _register_crd(emulator: RealisticEmulator, crd: dict[str, Any]) -> None:
+def _register_crd(emulator: ClusterEmulator, crd: dict[str, Any]) -> None:
     names, (version,) = crd["spec"]["names"], crd["spec"]["versions"]
     emulator.resources[f"{crd['spec']['group']}/{version['name']}/{names['plural']}"] = kmock.ResourceInfo(
         kind=names["kind"], singular=names["singular"], shortnames=names.get("shortNames", []),
@@ -162,7 +165,7 @@ def _kubeconfig(url: str, directory: Path) -> Path:
 async def running_cluster(*, service_monitor_api: bool = True, keda_api: bool = True) -> AsyncIterator[Cluster]:
     """An emulated API server with the built-in resources, the ScoringModel CRD (with its admission rules) and,
     optionally, the Prometheus operator's ServiceMonitor and KEDA's ScaledObject; KUBECONFIG points at it."""
-    emulator = RealisticEmulator()
+    emulator = ClusterEmulator()
     emulator.resources.load_bundled()
     _register_crd(emulator, crd_tools.load_crd())
     if service_monitor_api:
@@ -174,6 +177,8 @@ async def running_cluster(*, service_monitor_api: bool = True, keda_api: bool = 
             kind="ScaledObject", singular="scaledobject", namespaced=True,
             verbs=["get", "list", "watch", "create", "update", "patch", "delete"])
     emulator.admission["scoringmodels"] = crd_tools.admit
+    for plural in ("deployments", "pods", "horizontalpodautoscalers"):  # stored canonically, as the API server does
+        emulator.admission[plural] = canonical_resources
     original_parse_path = parsing.parse_path
     parsing.parse_path = parse_path_with_namespaces
     try:
@@ -191,28 +196,59 @@ async def running_cluster(*, service_monitor_api: bool = True, keda_api: bool = 
         parsing.parse_path = original_parse_path
 
 
+class _PassRecorder(logging.Handler):
+    """Collects the PassReport each reconcile pass logs (reconcile.py, at DEBUG)."""
+
+    def __init__(self, into: list[PassReport]) -> None:
+        super().__init__(logging.DEBUG)
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        report = getattr(record, "pass_report", None)
+        if isinstance(report, PassReport):
+            self.into.append(report)
+
+
+@contextlib.contextmanager
+def _recording_passes(cluster: Cluster) -> Iterator[None]:
+    reconcile_logger = logging.getLogger("scorekeeper_operator.reconcile")
+    recorder, level = _PassRecorder(cluster.passes), reconcile_logger.level
+    reconcile_logger.addHandler(recorder)
+    reconcile_logger.setLevel(logging.DEBUG)
+    try:
+        yield
+    finally:
+        reconcile_logger.removeHandler(recorder)
+        reconcile_logger.setLevel(level)
+
+
 @contextlib.asynccontextmanager
-async def running_operator(cluster: Cluster, env: dict[str, str] | None = None,
-                           namespaces: tuple[str, ...] = ()) -> AsyncIterator[None]:
+async def running_operator(cluster: Cluster, env: dict[str, str] | None = None, namespaces: tuple[str, ...] = (),
+                           on_stop: Callable[[], None] | None = None) -> AsyncIterator[None]:
     """The operator's real handlers under kopf.operator(), as `scorekeeper-operator` runs them.
 
     kopf gets its own thread and event loop: on shutdown it cancels every task of its loop that it did not see
-    at start-up, which in a shared loop would include the test's own teardown.
+    at start-up, which in a shared loop would include the test's own teardown. `cluster.memories` is kopf's
+    per-object memory of this run (one entry per object its watches delivered and that still exists).
+    `on_stop` runs once the operator is told to stop, before waiting for it (e.g. to fail a held request).
     """
     import scorekeeper_operator.handlers  # noqa: F401  (registers the handlers)
 
     stop, ready = threading.Event(), threading.Event()
     crashes: list[BaseException] = []
+    cluster.memories = memories = ResourceMemories()
+    cluster.memo = memo = kopf.Memo()
+    calls_before = len(cluster.emulator.calls)
 
     def operate() -> None:
         try:
             asyncio.run(kopf.operator(
                 registry=kopf.get_default_registry(), clusterwide=not namespaces, namespaces=list(namespaces),
-                standalone=True, stop_flag=stop, ready_flag=ready, memo=kopf.Memo()))
+                standalone=True, stop_flag=stop, ready_flag=ready, memo=memo, memories=memories))
         except BaseException as error:  # surfaced in the test below
             crashes.append(error)
 
-    with _environ({**FAST_RETRIES, **(env or {})}):
+    with _environ({**FAST, **(env or {})}), _recording_passes(cluster):
         thread = threading.Thread(target=operate, name="kopf-operator", daemon=True)
         thread.start()
         started = await asyncio.to_thread(ready.wait, 15)
@@ -222,11 +258,13 @@ async def running_operator(cluster: Cluster, env: dict[str, str] | None = None,
             assert started, "the operator did not become ready"
             # kopf's ready flag comes before its watches; stopping in between leaves hung tasks (seconds).
             watching = {"scoringmodels", "pods", "deployments"}
-            await cluster.wait_for(lambda: watching <= {c.resource for c in cluster.emulator.calls
+            await cluster.wait_for(lambda: watching <= {c.resource for c in cluster.emulator.calls[calls_before:]
                                                         if c.verb == "watch"}, what="the operator's watches")
             yield
         finally:
             stop.set()
+            if on_stop is not None:
+                on_stop()
             await asyncio.to_thread(thread.join, 15)
             assert not thread.is_alive(), "the operator did not stop"
         if crashes:

@@ -34,7 +34,8 @@ from kmock_semantics import (
 )
 
 HARNESS_HEADER = "X-Test-Harness"  # requests made by the tests themselves, not by the operator
-Admission = Callable[[dict[str, Any]], dict[str, Any]]  # returns the (defaulted) object or raises ValueError
+# (new object, old object or None on create) → the (defaulted, canonicalized) object, or raises ValueError
+Admission = Callable[[dict[str, Any], dict[str, Any] | None], dict[str, Any]]
 
 
 @attrs.define(kw_only=True)
@@ -83,12 +84,12 @@ class RealisticEmulator(KubernetesEmulator):
     async def _emit(self, res: resource, kind: str, obj: dict[str, Any]) -> None:
         await self._buses[res].put({"type": kind, "object": copy.deepcopy(obj)})
 
-    def _admit(self, res: resource, obj: dict[str, Any]) -> dict[str, Any]:
+    def _admit(self, res: resource, obj: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
         hook = self.admission.get(res.plural or "")
         if hook is None:
             return obj
         try:
-            return hook(obj)
+            return hook(obj, old)
         except ValueError as error:
             raise KubernetesError(status=422, reason="Invalid", message=str(error)) from error
 
@@ -119,7 +120,7 @@ class RealisticEmulator(KubernetesEmulator):
             raise KubernetesError(status=409, reason="AlreadyExists", message=f"{meta['name']} already exists")
         if self._has_status(res):
             obj.pop("status", None)  # status is written through /status only
-        obj = self._admit(res, obj)
+        obj = self._admit(res, obj, None)
         meta = obj["metadata"]
         self._record_implied(request, meta)
         meta.update(uid=str(uuid.uuid4()), resourceVersion=self._next_revision(), generation=1,
@@ -198,7 +199,9 @@ class RealisticEmulator(KubernetesEmulator):
         if new == old:
             return old  # a no-op write: no new resourceVersion, no watch event
         if request.subresource is None:
-            new = self._admit(res, new)
+            new = self._admit(res, new, old)
+            if new == old:
+                return old  # equal once admitted (e.g. `0.5` stored as `500m`): still a no-op
         if new.get("spec") != old.get("spec"):
             new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
         new["metadata"]["resourceVersion"] = self._next_revision()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Iterator
+from decimal import ROUND_CEILING, Decimal
 from typing import Any, NamedTuple
 
 from kmock._internal import parsing, rendering
@@ -112,6 +113,18 @@ def matches_selector(selector: str, labels: dict[str, str]) -> bool:
     return True
 
 
+def matches_fields(selector: str, obj: dict[str, Any]) -> bool:
+    """Field selectors (`involvedObject.uid=x,type!=Normal`): dotted paths into the object, `=`, `==`, `!=`."""
+    for requirement in filter(None, (part.strip() for part in selector.split(","))):
+        path, op, value = re.fullmatch(r"([\w.]+)\s*(==|!=|=)\s*(.*)", requirement).groups()  # type: ignore[union-attr]
+        found: Any = obj
+        for key in path.split("."):
+            found = found.get(key) if isinstance(found, dict) else None
+        if (str(found if found is not None else "") == value) is (op == "!="):
+            return False
+    return True
+
+
 class ApiCall(NamedTuple):
     method: str  # HTTP method
     api_group: str  # "" for the core group
@@ -130,3 +143,56 @@ def api_call(request: rendering.Request) -> ApiCall:
         verb = {"POST": "create", "PATCH": "patch", "PUT": "update"}.get(method) or (
             "delete" if request.name else "deletecollection")
     return ApiCall(method, res.group or "", res.plural, request.subresource or "", verb)
+
+
+_QUANTITY_PARTS = re.compile(r"^\+?([0-9.]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][-+]?[0-9]+)?$")
+_SI = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+
+
+def canonical_quantity(text: str) -> str:
+    """What the API server reads back for a (non-negative) quantity: quantity.go's CanonicalizeBytes. The suffix
+    kind is kept (binary, decimal, exponent); binary turns decimal below 1Ki or when fractional; nothing finer
+    than 1n (rounded up); the largest suffix that keeps the number an integer."""
+    match = _QUANTITY_PARTS.match(text)
+    if match is None:
+        raise ValueError(text)
+    suffix = match[2] or ""
+    binary, exponent_form = suffix.endswith("i"), suffix[:1] in ("e", "E") and len(suffix) > 1
+    if binary:
+        value = Decimal(match[1]) * 1024 ** ("KMGTPE".index(suffix[0]) + 1)
+    else:
+        value = Decimal(match[1]).scaleb(int(suffix[1:]) if exponent_form else _SI[suffix])
+    value = value.quantize(Decimal("1e-9"), rounding=ROUND_CEILING)
+    if value == 0:
+        return "0"
+    if binary and value >= 1024 and value == value.to_integral_value():
+        amount, power = int(value), 0
+        while amount % 1024 == 0:
+            amount, power = amount // 1024, power + 1
+        return f"{amount}{['', 'Ki', 'Mi', 'Gi', 'Ti', 'Pi', 'Ei'][power]}"
+    _sign, digits, exponent = value.normalize().as_tuple()
+    mantissa, exponent = int("".join(map(str, digits))), int(exponent)
+    mantissa, exponent = mantissa * 10 ** (exponent % 3), exponent - exponent % 3
+    if exponent_form:
+        return f"{mantissa}e{exponent}" if exponent else str(mantissa)
+    si_suffix = next(name for name, power in _SI.items() if power == exponent)
+    return f"{mantissa}{si_suffix}"
+
+
+def canonical_resources(obj: dict[str, Any], _old: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Admission for Deployments, Pods and HPAs: quantities read back canonical, as from a real API server."""
+    obj = copy.deepcopy(obj)
+    spec = obj.get("spec") or {}
+    pod_spec = (spec.get("template") or {}).get("spec") if obj.get("kind") != "Pod" and "template" in spec else spec
+    for container in [*(pod_spec or {}).get("initContainers", []), *(pod_spec or {}).get("containers", [])]:
+        for group in (container.get("resources") or {}).values():
+            for name, value in group.items():
+                group[name] = canonical_quantity(str(value))
+    for volume in (pod_spec or {}).get("volumes", []):
+        if (volume.get("emptyDir") or {}).get("sizeLimit") is not None:
+            volume["emptyDir"]["sizeLimit"] = canonical_quantity(str(volume["emptyDir"]["sizeLimit"]))
+    for metric in spec.get("metrics", []):
+        target = (metric.get("pods") or {}).get("target") or {}
+        if "averageValue" in target:
+            target["averageValue"] = canonical_quantity(str(target["averageValue"]))
+    return obj

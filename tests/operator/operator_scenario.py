@@ -2,8 +2,8 @@
 
 The scenario walks every code path that touches the API: startup (kopf's discovery, CRD scanning, watches), all eight
 child kinds created (the HPA, then KEDA's ScaledObject instead) and the optional ones deleted again, a status write,
-drift repair, an invalid spec (kopf posts an Event), and the ScoringModel's deletion. Usable outside pytest, e.g.
-from the Helm chart's RBAC test:
+reading the HPA and a pending pod's Events, drift repair, an invalid spec (kopf posts an Event), and the
+ScoringModel's deletion. Usable outside pytest, e.g. from the Helm chart's RBAC test:
 
     sys.path.insert(0, str(REPO / "tests" / "operator"))
     from operator_scenario import record_operator_api_calls, rbac_rules
@@ -16,6 +16,7 @@ import asyncio
 from collections import defaultdict
 from typing import Any
 
+from cluster_actors import add_worker_pod
 from harness import Cluster, running_cluster, running_operator
 from kmock_ext import ApiCall
 
@@ -38,6 +39,9 @@ async def exercise(cluster: Cluster) -> None:
     for plural in ("configmaps", "services", "deployments", "poddisruptionbudgets", "horizontalpodautoscalers",
                    "servicemonitors", "networkpolicies"):
         await cluster.wait_for(has(plural), what=plural)
+    await add_worker_pod(cluster, f"{NAME}-0", NAME, ready=False, namespace=NAMESPACE, phase="Pending")
+    await cluster.wait_for(lambda: any(c.resource == "events" and c.verb == "list" for c in cluster.emulator.calls),
+                           what="the pending pod's Events read")
     await cluster.patch("scoringmodels", NAMESPACE, NAME, {"spec": {"autoscaling": {
         "provider": "KEDA", "prometheusAddress": "http://prometheus:9090"}}})
     await cluster.wait_for(lambda: cluster.get("scaledobjects", NAMESPACE, NAME)
@@ -50,10 +54,10 @@ async def exercise(cluster: Cluster) -> None:
     await cluster.delete("services", NAMESPACE, NAME)
     await cluster.wait_for(has("services"), what="service recreated")
     await cluster.patch("scoringmodels", NAMESPACE, NAME, {"spec": {"extraArgs": ["--served=other"]}})
-    await cluster.wait_for(lambda: any(
-        c.resource == "events" for c in cluster.emulator.calls), what="kopf posting a warning event")
+    await cluster.wait_for(lambda: any(c.resource == "events" and c.verb == "create" for c in cluster.emulator.calls),
+                           what="kopf posting a warning event")
     await cluster.delete("scoringmodels", NAMESPACE, NAME)
-    await asyncio.sleep(0.5)  # let the operator see the children disappear
+    await cluster.reconciled(NAME, NAMESPACE)  # the operator has seen it go
 
 
 async def record_async() -> frozenset[ApiCall]:

@@ -108,7 +108,8 @@ SCALED_OBJECT_SCHEMA: dict[str, Any] = {
                      "pollingInterval": {"type": "integer", "minimum": 1},
                      "advanced": {"type": "object", "additionalProperties": False, "properties": {
                          "horizontalPodAutoscalerConfig": {"type": "object", "additionalProperties": False,
-                                                           "properties": {"behavior": {"type": "object"}}}}},
+                                                           "properties": {"name": {"type": "string"},
+                                                                          "behavior": {"type": "object"}}}}},
                      "triggers": {"type": "array", "minItems": 1, "items": {
                          "type": "object", "required": ["type", "metadata"], "additionalProperties": False,
                          "properties": {"type": {"type": "string"},

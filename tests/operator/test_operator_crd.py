@@ -86,12 +86,72 @@ def test_invalid_sample_fails_for_the_intended_reason(doc: dict[str, Any]) -> No
         crd_tools.admit(doc)
 
 
-def test_cel_rules_compile_and_cover_the_required_cross_field_rules() -> None:
-    rules = crd_tools.rules()
-    assert any("tokenBuckets[i - 1] < self.tokenBuckets[i]" in r for r in rules)
-    assert any("b <= self.maxTokens" in r for r in rules)
-    assert any("self.minReplicas <= self.maxReplicas" in r for r in rules)
-    assert any("self.maxItemsPerRequest >= 1" in r for r in rules)
+def _doc(name: str = "x", **spec: Any) -> dict[str, Any]:
+    body = {"metadata": {"name": name}, "spec": {"model": {"uri": "pvc://models/m"}, **spec}}
+    defaulted: dict[str, Any] = crd_tools.apply_defaults(crd_tools.version_schema(), body)
+    return defaulted
+
+
+# Each cross-field rule at its boundary: (object, the rule message it must trip, or None where it must pass).
+BOUNDARIES: list[tuple[str, dict[str, Any], str | None]] = [
+    ("name-dns1035", _doc("9-lives"), "metadata.name must be a DNS-1035 label"),
+    ("name-63", _doc("a" * 63), None),
+    ("name-64", _doc("a" * 64), "metadata.name must be a DNS-1035 label"),
+    ("revision-pvc", _doc(model={"uri": "pvc://m", "revision": "main"}), "model.revision applies only to hf://"),
+    ("revision-hf", _doc(model={"uri": "hf://a/b", "revision": "main"}), None),
+    ("token-pvc", _doc(model={"uri": "pvc://m", "tokenSecretRef": {"name": "s"}}),
+     "model.tokenSecretRef applies only to hf://"),
+    ("items-0", _doc(scoring={"multiItem": {"maxItemsPerRequest": 0}}), "maxItemsPerRequest must be at least 1"),
+    ("delimiter-off", _doc(scoring={"multiItem": {"delimiterTokenId": 7}}), "delimiterTokenId requires"),
+    ("delimiter-on", _doc(scoring={"multiItem": {"enabled": True, "delimiterTokenId": 7}}), None),
+    ("buckets-equal", _doc(cudaGraph={"tokenBuckets": [256, 256]}), "must be strictly increasing"),
+    ("buckets-at-max", _doc(cudaGraph={"tokenBuckets": [256, 8192], "maxTokens": 8192}), None),
+    ("buckets-over-max", _doc(cudaGraph={"tokenBuckets": [256, 8193], "maxTokens": 8192}), "must not exceed"),
+    ("replicas-equal", _doc(autoscaling={"minReplicas": 3, "maxReplicas": 3}), None),
+    ("replicas-crossed", _doc(autoscaling={"minReplicas": 4, "maxReplicas": 3}), "must not exceed autoscaling"),
+    ("reserved-flag", _doc(extraArgs=["--port=9"]), "must not repeat a flag"),
+    ("reserved-prefix-ok", _doc(extraArgs=["--portable"]), None),
+    ("cache-pvc", _doc(model={"uri": "pvc://m", "cache": {"claimName": "c"}}), "model.cache and model.download"),
+    ("size-pvc", _doc(model={"uri": "pvc://m", "downloadSizeLimit": "1Gi"}), "model.cache and model.download"),
+    ("cache-hf", _doc(model={"uri": "hf://a/b", "cache": {"claimName": "c"}, "downloadSizeLimit": "1Gi"}), None),
+    ("gpu-1", _doc(resources={"gpu": {"count": 1}}), None),
+    ("gpu-2", _doc(resources={"gpu": {"count": 2}}), "resources.gpu.count must be 0 or 1"),
+    ("keda-no-address", _doc(autoscaling={"provider": "KEDA"}), "KEDA needs autoscaling.prometheusAddress"),
+    ("keda-address", _doc(autoscaling={"provider": "KEDA", "prometheusAddress": "http://p:9090"}), None),
+    ("hpa-query", _doc(autoscaling={"prometheusQuery": "sum(up)"}), "apply only to provider KEDA"),
+    ("env-reserved", _doc(pod={"env": [{"name": "HF_HOME", "value": "/x"}]}), "pod.env must not set"),
+    ("env-worker-setting", _doc(pod={"env": [{"name": "SCOREKEEPER_X", "value": "1"}]}), "pod.env must not set"),
+    ("env-ok", _doc(pod={"env": [{"name": "HF_HOME_EXTRA", "value": "1"}]}), None),
+    ("volume-two-sources", _doc(pod={"volumes": [{"name": "v", "emptyDir": {}, "secret": {"secretName": "s"}}]}),
+     "needs exactly one of"),
+    ("volume-no-source", _doc(pod={"volumes": [{"name": "v"}]}), "needs exactly one of"),
+    ("volume-name", _doc(pod={"volumes": [{"name": "tmp", "emptyDir": {}}]}), "must not reuse the operator's volume"),
+    ("label-reserved", _doc(pod={"labels": {"app.kubernetes.io/instance": "y"}}), "pod.labels must not set"),
+    ("label-ok", _doc(pod={"labels": {"app.kubernetes.io/version": "1"}}), None),
+    ("annotation-reserved", _doc(pod={"annotations": {"scorekeeper.dev/x": "1"}}), "pod.annotations must not set"),
+    ("peer-empty", _doc(networkPolicy={"enabled": True, "from": [{}]}), "need podSelector, namespaceSelector"),
+    ("peer-ip-and-selector", _doc(networkPolicy={"enabled": True, "from": [
+        {"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}]}), "ipBlock cannot be combined"),
+    ("peer-ip", _doc(networkPolicy={"enabled": True, "from": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}), None),
+]
+
+
+@pytest.mark.parametrize(("doc", "expected"), [(d, e) for _, d, e in BOUNDARIES], ids=[i for i, _, _ in BOUNDARIES])
+def test_cel_rules_hold_at_their_boundaries(doc: dict[str, Any], expected: str | None) -> None:
+    errors = crd_tools.cel_errors(doc)
+    if expected is None:
+        assert errors == []
+    else:
+        assert len(errors) == 1 and expected in errors[0], errors
+
+
+def test_every_cel_rule_is_tried_by_a_boundary_case() -> None:
+    """A rule added without a case here (or a case that no longer trips its rule) fails this test."""
+    messages = crd_tools.rule_messages()
+    tripped = {m for m in messages for _, doc, expected in BOUNDARIES
+               if expected and expected in m and any(expected in e for e in crd_tools.cel_errors(doc))}
+    transition = {m for m in messages if "autoscaling is enabled" in m}  # test_operator_scale.py
+    assert messages - transition == tripped
 
 
 def test_strict_increase_rule_covers_every_allowed_bucket_count() -> None:

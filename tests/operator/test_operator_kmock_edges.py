@@ -1,12 +1,14 @@
-"""The real operator against the emulated API: invalid specs, API errors, autoscaling, conflicts, restarts."""
+"""The real operator against the emulated API: invalid specs, autoscaling, optional children, restarts, namespaces."""
 
 from __future__ import annotations
 
 import pytest
-from harness import NAMESPACE, Cluster, quiet, running_cluster, running_operator, scoring_model, set_deployment_status
+from cluster_actors import set_deployment_status
+from harness import NAMESPACE, Cluster, running_cluster, running_operator, scoring_model
 from test_operator_kmock_lifecycle import condition, created, model_status
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
+WRITES = ("create", "patch", "delete", "update")
 
 
 async def test_a_spec_only_the_operator_can_reject_gives_config_valid_false(operator: Cluster) -> None:
@@ -15,11 +17,12 @@ async def test_a_spec_only_the_operator_can_reject_gives_config_valid_false(oper
     await operator.wait_for(lambda: condition(operator, "ConfigValid") == ("False", "InvalidSpec"), what="invalid")
     status = model_status(operator)
     assert status["phase"] == "Failed" and "--served-name" in status["conditions"][3]["message"]
-    assert operator.get("deployments", NAMESPACE, "reranker") is None
     await operator.wait_for(lambda: any(c.resource == "events" and c.verb == "create" for c in operator.emulator.calls),
                             what="a warning event")
-    await quiet(operator)
-    assert sum(c.resource == "deployments" and c.verb == "patch" for c in operator.emulator.calls) == 0  # no retry loop
+    report = await operator.reconciled()
+    assert report.error == "InvalidSpec" and report.next_pass_in == 600  # only the resync: no retry loop
+    assert operator.get("deployments", NAMESPACE, "reranker") is None
+    assert not any(c.resource == "deployments" and c.verb in WRITES for c in operator.emulator.calls)
     await operator.patch("scoringmodels", NAMESPACE, "reranker", {"spec": {"extraArgs": ["--log-level", "debug"]}})
     await operator.wait_for(lambda: operator.get("deployments", NAMESPACE, "reranker"), what="fixed → deployed")
     await operator.wait_for(lambda: condition(operator, "ConfigValid") == ("True", "Valid"))
@@ -28,30 +31,6 @@ async def test_a_spec_only_the_operator_can_reject_gives_config_valid_false(oper
 async def test_the_api_rejects_what_the_crd_can_catch(operator: Cluster) -> None:
     with pytest.raises(AssertionError, match=r"422.*strictly increasing"):
         await operator.create("scoringmodels", NAMESPACE, scoring_model(cudaGraph={"tokenBuckets": [512, 256]}))
-
-
-async def test_transient_api_errors_are_retried_with_backoff(operator: Cluster) -> None:
-    operator.emulator.fail("PATCH", "deployments", status=503, times=3)
-    await created(operator)
-    attempts = [c for c in operator.emulator.calls if c.resource == "deployments" and c.verb == "patch"]
-    assert len(attempts) >= 4
-    # The child-event path retries too: a lost ConfigMap is restored through two failures.
-    operator.emulator.fail("PATCH", "configmaps", status=500, times=2)
-    await operator.delete("configmaps", NAMESPACE, "reranker")
-    await operator.wait_for(lambda: operator.get("configmaps", NAMESPACE, "reranker"), what="configmap restored")
-
-
-async def test_a_child_the_api_rejects_gives_config_valid_false_not_a_retry_loop(operator: Cluster) -> None:
-    operator.emulator.fail("PATCH", "deployments", status=422, times=1000)
-    await operator.create("scoringmodels", NAMESPACE, scoring_model())
-    await operator.wait_for(lambda: condition(operator, "ConfigValid") == ("False", "Rejected"), what="rejected")
-    assert "injected by the test" in next(c["message"] for c in model_status(operator)["conditions"]
-                                          if c["type"] == "ConfigValid")
-    await quiet(operator)
-    operator.emulator.heal()
-    await operator.patch("scoringmodels", NAMESPACE, "reranker", {"spec": {"replicas": 2}})
-    await operator.wait_for(lambda: operator.get("deployments", NAMESPACE, "reranker"), what="applied after the fix")
-    await operator.wait_for(lambda: condition(operator, "ConfigValid") == ("True", "Valid"))
 
 
 async def test_autoscaling_leaves_replicas_to_the_hpa(operator: Cluster) -> None:
@@ -63,7 +42,8 @@ async def test_autoscaling_leaves_replicas_to_the_hpa(operator: Cluster) -> None
     await operator.patch("scoringmodels", NAMESPACE, "reranker", {"spec": {"autoscaling": {"target": 3}}})
     await operator.wait_for(lambda: (operator.get("horizontalpodautoscalers", NAMESPACE, "reranker") or {})[
         "spec"]["metrics"][0]["pods"]["target"]["averageValue"] == "3", what="new target")
-    await quiet(operator)
+    report = await operator.reconciled()
+    assert "apply Deployment" not in report.wrote
     assert (operator.get("deployments", NAMESPACE, "reranker") or {})["spec"]["replicas"] == 4  # not fought over
     await set_deployment_status(operator, ready=4)
     await operator.wait_for(lambda: model_status(operator).get("readyReplicas") == 4)
@@ -80,7 +60,7 @@ async def test_switching_autoscaling_on_keeps_the_live_replica_count(operator: C
     await operator.patch("scoringmodels", NAMESPACE, "reranker", {"spec": {
         "autoscaling": {"enabled": True, "maxReplicas": 6}}})
     await operator.wait_for(lambda: operator.get("horizontalpodautoscalers", NAMESPACE, "reranker"), what="HPA")
-    await quiet(operator)
+    await operator.reconciled()
     deployment = operator.get("deployments", NAMESPACE, "reranker") or {}
     assert deployment["spec"].get("replicas") == 3
     managers = {f["manager"]: f["fieldsV1"] for f in deployment["metadata"]["managedFields"]}
@@ -98,16 +78,6 @@ async def test_optional_children_follow_the_spec(operator: Cluster) -> None:
     await operator.wait_for(lambda: operator.get("servicemonitors", NAMESPACE, "reranker") is None)
 
 
-async def test_a_foreign_object_with_the_same_name_is_never_taken_over(operator: Cluster) -> None:
-    foreign = {"metadata": {"name": "reranker", "labels": {"team": "other"}},
-               "spec": {"ports": [{"port": 80}], "selector": {"app": "other"}}}
-    await operator.create("services", NAMESPACE, foreign)
-    await operator.create("scoringmodels", NAMESPACE, scoring_model())
-    await operator.wait_for(lambda: condition(operator, "ConfigValid") == ("False", "ChildConflict"))
-    service = operator.get("services", NAMESPACE, "reranker") or {}
-    assert service["spec"]["selector"] == {"app": "other"} and "ownerReferences" not in service["metadata"]
-
-
 async def test_hf_models_without_downloads_are_config_errors(cluster: Cluster) -> None:
     async with running_operator(cluster, env={"SCOREKEEPER_ALLOW_HF_DOWNLOAD": "false"}):
         await cluster.create("scoringmodels", NAMESPACE, scoring_model(model={"uri": "hf://org/name"}))
@@ -118,7 +88,7 @@ async def test_hf_models_without_downloads_are_config_errors(cluster: Cluster) -
 async def test_without_the_monitoring_api_there_is_no_service_monitor() -> None:
     async with running_cluster(service_monitor_api=False) as cluster, running_operator(cluster):
         await created(cluster)
-        await quiet(cluster)
+        await cluster.reconciled()
         assert condition(cluster, "ConfigValid") == ("True", "Valid")
         assert not any(c.resource == "servicemonitors" and c.verb != "watch" for c in cluster.emulator.calls)
 
@@ -127,18 +97,21 @@ async def test_resume_after_downtime_and_idempotent_restart(cluster: Cluster) ->
     await cluster.create("scoringmodels", NAMESPACE, scoring_model(replicas=2))  # while no operator runs
     async with running_operator(cluster):
         await cluster.wait_for(lambda: cluster.get("deployments", NAMESPACE, "reranker"), what="resumed")
-        await quiet(cluster)
+        await cluster.reconciled()
     before = len(cluster.emulator.calls)
     async with running_operator(cluster):
-        await quiet(cluster)
+        report = await cluster.reconciled()
+    assert report.wrote == []
     again = cluster.emulator.calls[before:]
-    assert [c for c in again if c.verb in ("create", "patch", "delete") and c.resource != "events"
-            and not (c.resource == "scoringmodels" and c.subresource == "")] == []
+    assert [c for c in again if c.verb in WRITES and c.resource != "events"
+            and not (c.resource == "scoringmodels" and c.subresource == "")] == []  # kopf's own annotations aside
 
 
 async def test_namespaced_mode_watches_only_its_namespaces(cluster: Cluster) -> None:
     async with running_operator(cluster, namespaces=(NAMESPACE,)):
         await cluster.create("scoringmodels", "elsewhere", scoring_model(namespace="elsewhere"))
         await created(cluster)
-        await quiet(cluster)
+        await cluster.reconciled()
         assert cluster.get("deployments", "elsewhere", "reranker") is None
+    operators = [r for r in cluster.emulator if r.resource is not None and r.headers.get("X-Test-Harness") is None]
+    assert operators and not any(r.namespace == "elsewhere" for r in operators)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
-from harness import NAMESPACE, Cluster, add_worker_pod, quiet, scoring_model, set_deployment_status
+from cluster_actors import add_worker_pod, set_deployment_status
+from harness import NAMESPACE, Cluster, scoring_model
 from scorekeeper_operator.render import CONFIG_HASH_ANNOTATION
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
@@ -68,16 +68,18 @@ async def test_spec_change_changes_the_pod_template(operator: Cluster) -> None:
 
 
 async def test_ready_only_when_the_deployment_reports_ready_replicas(operator: Cluster) -> None:
-    await created(operator, replicas=2)
-    await set_deployment_status(operator, ready=1)
+    await created(operator, replicas=3)
+    await set_deployment_status(operator, ready=1)  # 3 wanted, the PDB allows 1 missing: 2 needed
     await operator.wait_for(lambda: condition(operator, "Ready") == ("False", "WaitingForReadyReplicas"))
-    await add_worker_pod(operator, "reranker-a")
-    await add_worker_pod(operator, "reranker-b")
-    await set_deployment_status(operator, ready=2)
+    assert condition(operator, "Progressing") == ("True", "PodsStarting")
+    for pod in ("reranker-a", "reranker-b", "reranker-c"):
+        await add_worker_pod(operator, pod)
+    await set_deployment_status(operator, ready=3)
     await operator.wait_for(lambda: condition(operator, "Ready") == ("True", "AllReplicasReady"), what="Ready")
     status = model_status(operator)
-    assert status["phase"] == "Ready" and status["readyReplicas"] == 2
+    assert status["phase"] == "Ready" and status["readyReplicas"] == 3
     assert condition(operator, "ModelLoaded") == ("True", "WorkerReady")
+    assert condition(operator, "Progressing") == ("False", "RolloutComplete")
 
 
 async def test_crash_looping_pod_makes_it_degraded_with_the_reason(operator: Cluster) -> None:
@@ -89,13 +91,13 @@ async def test_crash_looping_pod_makes_it_degraded_with_the_reason(operator: Clu
         "conditions": [{"type": "Ready", "status": "False"}],
         "containerStatuses": [{"name": "worker", "ready": False, "restartCount": 3,
                                "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s"}},
-                               "lastState": {"terminated": {"reason": "Error", "exitCode": 1}}}]}},
+                               "lastState": {"terminated": {"reason": "Error", "exitCode": 139}}}]}},
         subresource="status")
     await set_deployment_status(operator, ready=0)
     await operator.wait_for(lambda: condition(operator, "Degraded") == ("True", "CrashLoopBackOff"), what="Degraded")
     status = model_status(operator)
     assert status["phase"] == "Degraded" and condition(operator, "Ready") == ("False", "CrashLoopBackOff")
-    assert status["lastFailure"]["pod"] == "reranker-a" and status["lastFailure"]["exitCode"] == 1
+    assert status["lastFailure"]["pod"] == "reranker-a" and status["lastFailure"]["exitCode"] == 139
 
 
 @pytest.mark.parametrize("plural", CHILDREN)
@@ -122,9 +124,8 @@ async def test_rollout_restart_is_not_undone(operator: Cluster) -> None:
     restarted = {"kubectl.kubernetes.io/restartedAt": "2026-01-01T00:00:00Z"}
     await operator.patch("deployments", NAMESPACE, "reranker",
                          {"spec": {"template": {"metadata": {"annotations": restarted}}}})
-    writes = len([c for c in operator.emulator.calls if c.resource == "deployments" and c.verb == "patch"])
-    await asyncio.sleep(0.5)  # the operator sees the change …
-    assert len([c for c in operator.emulator.calls if c.resource == "deployments" and c.verb == "patch"]) == writes
+    report = await operator.reconciled()  # a pass that read the restarted Deployment …
+    assert not any(write.endswith("Deployment") for write in report.wrote)  # … and left it alone
     await operator.patch("scoringmodels", NAMESPACE, "reranker", {"spec": {"replicas": 3}})  # … and a real apply
     await operator.wait_for(lambda: (operator.get("deployments", NAMESPACE, "reranker") or {})["spec"]["replicas"] == 3)
     annotations = (operator.get("deployments", NAMESPACE, "reranker") or {})["spec"]["template"]["metadata"][
@@ -138,15 +139,11 @@ async def test_deleting_the_model_ends_management(operator: Cluster) -> None:
     for plural in CHILDREN:  # garbage-collected through ownerReferences (the emulator plays kube-controller-manager)
         await operator.wait_for(lambda p=plural: operator.get(p, NAMESPACE, "reranker") is None,  # type: ignore[misc]
                                 what=f"{plural} collected")
-    await quiet(operator)
-    calls_after = len(operator.emulator.calls)
     # A leftover labelled as ours wakes the operator up for "reranker" again: it must find nothing to manage.
     await operator.create("configmaps", NAMESPACE, {"metadata": {"name": "leftover", "labels": {
         "app.kubernetes.io/managed-by": "scorekeeper-operator", "app.kubernetes.io/instance": "reranker"}}})
-    await quiet(operator)
-    later = operator.emulator.calls[calls_after:]
-    assert any(c.resource == "scoringmodels" and c.verb == "get" for c in later)  # it did wake up
-    assert [c for c in later if c.verb in ("create", "patch", "delete")] == []
+    report = await operator.reconciled()  # it did wake up …
+    assert report.gone and report.wrote == []  # … and found nothing to manage
     assert all(operator.get(p, NAMESPACE, "reranker") is None for p in CHILDREN)
 
 
@@ -154,3 +151,13 @@ def _dig(obj: Any, keys: tuple[str, ...]) -> Any:
     for key in keys:
         obj = obj[key]
     return obj
+
+
+async def test_a_child_that_loses_the_watched_label_is_relabelled(operator: Cluster) -> None:
+    """The watches select on the managed-by label (server-side): a child that loses it leaves the selection, which
+    a watch reports as DELETED, and the operator applies it again."""
+    await created(operator)
+    await operator.patch("configmaps", NAMESPACE, "reranker", {"metadata": {"labels": {
+        "app.kubernetes.io/managed-by": None}}})
+    await operator.wait_for(lambda: (operator.get("configmaps", NAMESPACE, "reranker") or {})["metadata"]["labels"].get(
+        "app.kubernetes.io/managed-by") == "scorekeeper-operator", what="label restored")

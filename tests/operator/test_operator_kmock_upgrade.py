@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from harness import NAMESPACE, Cluster, quiet, running_operator, scoring_model, set_deployment_status
-from scorekeeper_operator.image_rollout import ImageChoice, choose, rolled_out
+from cluster_actors import set_deployment_status
+from harness import NAMESPACE, Cluster, running_operator, scoring_model
+from scorekeeper_operator.image_rollout import RECHECK_SECONDS, ImageChoice, choose, rolled_out
 from scorekeeper_operator.render import DEFAULT_IMAGE_ANNOTATION
 from scorekeeper_operator.settings import OperatorSettings
 from scorekeeper_operator.spec import ScoringModel
@@ -41,7 +42,16 @@ async def settled(cluster: Cluster, on_new: int) -> None:
     await cluster.wait_for(lambda: all(status_of(cluster, n).get("pendingWorkerImage") == NEW
                                        for n in MODELS if image_of(cluster, n) == OLD), timeout=WAIT,
                            what="pending reported")
-    await quiet(cluster, timeout=WAIT)
+    await looked_again(cluster)
+
+
+async def looked_again(cluster: Cluster) -> None:
+    """Every model has had a pass that started after every change so far: a model that could move has moved. A
+    waiting model comes back by itself (a slot freed by a deleted model sends it no event)."""
+    for name in MODELS:
+        report = await cluster.reconciled(name, timeout=WAIT)
+        if image_of(cluster, name) == OLD:
+            assert report.next_pass_in == RECHECK_SECONDS
 
 
 @pytest.mark.asyncio
@@ -86,7 +96,7 @@ async def test_a_model_whose_upgrade_never_becomes_ready_stops_the_wave(cluster:
         await settled(cluster, on_new=2)
         for name in upgrading(cluster):  # the broken image: new pods never get ready
             await set_deployment_status(cluster, ready=0, model=name)
-        await quiet(cluster, timeout=WAIT)
+        await looked_again(cluster)
         assert len(upgrading(cluster)) == 2 and sum(image_of(cluster, n) == OLD for n in MODELS) == 1
 
 

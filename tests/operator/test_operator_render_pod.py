@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import copy
+from datetime import UTC, datetime
 from typing import Any
 
 import crd_tools
@@ -12,8 +13,8 @@ import pytest
 from harness import scoring_model
 from render_cases import COMMIT, FULL_POD, K8S_VERSIONS, SETTINGS, container, model_from, pod_spec, render_all
 from scorekeeper_operator import pod_layout, render_optional
+from scorekeeper_operator.quantity import quantity_bytes
 from scorekeeper_operator.render import CONFIG_HASH_ANNOTATION, DEFAULT_IMAGE_ANNOTATION, common_labels, render
-from scorekeeper_operator.render_download import quantity_bytes
 from scorekeeper_operator.render_pod import SHUTDOWN_MARGIN_SECONDS
 from scorekeeper_operator.spec import InvalidSpec, ScoringModel
 
@@ -67,6 +68,13 @@ def test_ephemeral_storage_request_covers_every_disk_backed_empty_dir(source: di
         assert int(init_env["HF_SIZE_LIMIT_BYTES"]) == quantity_bytes(download)  # checked before downloading
 
 
+def test_both_containers_report_why_they_failed_in_the_termination_message() -> None:
+    """status reads the reason from there (ModelLoadFailed, a failed download's CrashLoopBackOff message)."""
+    rendered = render_all(model_from({"model": {"uri": "hf://org/name", "revision": COMMIT}}))
+    for name in ("worker", "download-model"):
+        assert container(rendered, name)["terminationMessagePolicy"] == "FallbackToLogsOnError", name
+
+
 def test_the_cache_pvc_is_written_by_the_download_and_read_only_for_the_worker() -> None:
     rendered = render_all(model_from({"model": {"uri": "hf://org/name", "revision": COMMIT,
                                                 "cache": {"claimName": "hub"}}}))
@@ -87,13 +95,6 @@ def test_writable_paths_are_empty_dirs_and_the_caches_point_into_them() -> None:
                      "CUDA_CACHE_PATH"):
         root = next(path for path in mounted if env[variable] == path or env[variable].startswith(path + "/"))
         assert "emptyDir" in volumes[mounted[root]], variable
-
-
-def test_quantities() -> None:
-    assert quantity_bytes("20Gi") == 20 * 2**30 and quantity_bytes("1.5G") == 1_500_000_000
-    assert quantity_bytes("2e3") == 2000 and quantity_bytes("512") == 512 and quantity_bytes("1Ki") == 1024
-    with pytest.raises(ValueError):
-        quantity_bytes("1 GB")
 
 
 # -- spec.pod ----------------------------------------------------------------------------------------------------------
@@ -208,6 +209,8 @@ def test_keda_scaled_object_replaces_the_hpa() -> None:
     assert "replicas" not in rendered.get("Deployment")["spec"]  # type: ignore[index]  # KEDA's HPA owns it
     assert scaled["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "reranker"}
     assert (scaled["spec"]["minReplicaCount"], scaled["spec"]["maxReplicaCount"]) == (2, 7)
+    # status reads the Autoscaling condition from the HPA KEDA creates: its name is fixed, not left to KEDA
+    assert scaled["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["name"] == "keda-hpa-reranker"
     (trigger,) = scaled["spec"]["triggers"]
     assert trigger == {"type": "prometheus", "metricType": "AverageValue", "metadata": {
         "serverAddress": "http://prom:9090", "threshold": "64",
@@ -247,12 +250,13 @@ def test_a_recorded_resolution_counts_only_for_the_same_uri_and_revision() -> No
 def test_status_reports_the_revision_and_the_images() -> None:
     from scorekeeper_operator.status import ConfigError, Desired, Observed, compute_status
 
+    now_utc = datetime(2026, 1, 1, tzinfo=UTC)
     model = model_from({"model": {"uri": "hf://org/name", "revision": COMMIT}})
     result = render(model, SETTINGS, service_monitor_api=False, worker_image="old:1")
 
     def status(rendered: Any, previous: dict[str, Any], **fields: Any) -> dict[str, Any]:
         desired = Desired(generation=1, selector="s", endpoint="e", rendered=rendered, fixed_replicas=1, **fields)
-        return compute_status(desired, Observed(None), previous, "2026-01-01T00:00:00Z")
+        return compute_status(desired, Observed(None), previous, now_utc).status
 
     now = status(result, {}, model_source=model.model_status(), pending_image="new:2")
     assert now["model"] == {"uri": "hf://org/name", "revision": COMMIT, "resolvedRevision": COMMIT}

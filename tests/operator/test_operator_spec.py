@@ -86,7 +86,10 @@ def test_settings_from_env() -> None:
     assert OperatorSettings.from_env({}).worker_image == DEFAULT_WORKER_IMAGE
     settings = OperatorSettings.from_env({"SCOREKEEPER_WORKER_IMAGE": "r/w:2", "SCOREKEEPER_NAMESPACE": "a, b",
                                           "SCOREKEEPER_ALLOW_HF_DOWNLOAD": "false",
-                                          "SCOREKEEPER_RETRY_BASE_SECONDS": "1", "SCOREKEEPER_RETRY_MAX_SECONDS": "5"})
+                                          "SCOREKEEPER_RETRY_BASE_SECONDS": "1", "SCOREKEEPER_RETRY_MAX_SECONDS": "5",
+                                          "SCOREKEEPER_RESYNC_SECONDS": "120", "SCOREKEEPER_POLL_SECONDS": "10"})
     assert settings.worker_image == "r/w:2" and settings.namespaces == ("a", "b")
     assert not settings.allow_hf_download
     assert [settings.retry_delay(n) for n in range(5)] == [1, 2, 4, 5, 5]
+    assert (settings.resync_seconds, settings.poll_seconds) == (120, 10)
+    assert (OperatorSettings().resync_seconds, OperatorSettings().poll_seconds) == (600, 30)

@@ -1,58 +1,38 @@
-"""compute_status(): Ready only when it is true, Degraded with the reason when pods fail, stable timestamps."""
+"""compute_status(): Deployment-like conditions that tell the truth without flapping, and stable timestamps."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from harness import scoring_model
-from scorekeeper_operator.render import CONFIG_HASH_ANNOTATION, Rendered, render
-from scorekeeper_operator.settings import OperatorSettings
-from scorekeeper_operator.spec import ScoringModel
-from scorekeeper_operator.status import ConfigError, Desired, Observed, compute_status
-
-NOW, LATER = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
-
-
-def rendered(**spec: Any) -> Rendered:
-    body = scoring_model(**spec)
-    body["metadata"].update(uid="u", generation=2)
-    return render(ScoringModel.from_body(body), OperatorSettings(), service_monitor_api=False)
-
-
-def desired(result: Rendered | None, replicas: int | None = 2, error: ConfigError | None = None) -> Desired:
-    return Desired(generation=2, selector="app=x", endpoint="http://reranker.ml.svc:8000", rendered=result,
-                   fixed_replicas=replicas, config_error=error)
-
-
-def deployment(config_hash: str, *, spec_replicas: int | None = 2, generation: int = 5, observed: int = 5,
-               **status: Any) -> dict[str, Any]:
-    spec: dict[str, Any] = {"template": {"metadata": {"annotations": {CONFIG_HASH_ANNOTATION: config_hash}}}}
-    if spec_replicas is not None:
-        spec["replicas"] = spec_replicas
-    return {"metadata": {"name": "reranker", "generation": generation}, "spec": spec,
-            "status": {"observedGeneration": observed, **status}}
-
-
-def pod(name: str, config_hash: str, *, ready: bool = True, **status: Any) -> dict[str, Any]:
-    conditions = [{"type": "Ready", "status": "True" if ready else "False"}, *status.pop("conditions", [])]
-    return {"metadata": {"name": name, "annotations": {CONFIG_HASH_ANNOTATION: config_hash}},
-            "status": {"conditions": conditions, **status}}
-
-
-def conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
-    return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+from scorekeeper_operator.status import SCHEDULING_DEADLINE_SECONDS, ConfigError, Observed
+from status_fixtures import (
+    LATER,
+    assess,
+    at,
+    conditions,
+    deployment,
+    desired,
+    event,
+    message,
+    pod,
+    rendered,
+    rolled,
+    unscheduled,
+    worker,
+)
 
 
 def test_ready_when_all_desired_replicas_of_the_current_revision_are_ready() -> None:
     r = rendered()
-    observed = Observed(deployment(r.config_hash, replicas=2, updatedReplicas=2, readyReplicas=2),
-                        [pod("a", r.config_hash), pod("b", r.config_hash)])
-    status = compute_status(desired(r), observed, {}, NOW)
+    status = assess(desired(r), Observed(rolled(r.config_hash, 2, 2), [pod("a", r.config_hash),
+                                                                        pod("b", r.config_hash)])).status
     assert status["phase"] == "Ready"
     assert conditions(status)["Ready"] == ("True", "AllReplicasReady")
+    assert conditions(status)["Available"] == ("True", "MinimumReplicasAvailable")
     assert conditions(status)["ModelLoaded"] == ("True", "WorkerReady")
     assert conditions(status)["Progressing"] == ("False", "RolloutComplete")
+    assert "Autoscaling" not in conditions(status)
     assert (status["replicas"], status["readyReplicas"], status["observedGeneration"]) == (2, 2, 2)
     assert status["workerArgs"] == r.worker_args and status["configHash"] == r.config_hash
     assert status["endpoint"] == "http://reranker.ml.svc:8000" and status["selector"] == "app=x"
@@ -61,76 +41,99 @@ def test_ready_when_all_desired_replicas_of_the_current_revision_are_ready() -> 
 @pytest.mark.parametrize(("dep_kwargs", "reason"), [
     ({"observed": 4, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2}, "RollingOut"),  # not seen yet
     ({"replicas": 3, "updatedReplicas": 2, "readyReplicas": 3}, "RollingOut"),  # an old pod still runs
-    ({"replicas": 2, "updatedReplicas": 2, "readyReplicas": 1}, "WaitingForReadyReplicas"),  # model loading
+    ({"replicas": 0, "updatedReplicas": 0, "readyReplicas": 0}, "RollingOut"),  # Recreate: old gone, new not yet
 ])
-def test_not_ready_before_the_rollout_really_finished(dep_kwargs: dict[str, Any], reason: str) -> None:
+def test_a_spec_change_is_not_ready_before_the_rollout_really_finished(dep_kwargs: dict[str, Any],
+                                                                       reason: str) -> None:
     r = rendered()
-    status = compute_status(desired(r), Observed(deployment(r.config_hash, **dep_kwargs), []), {}, NOW)
+    status = assess(desired(r), Observed(deployment(r.config_hash, **dep_kwargs), [])).status
     assert conditions(status)["Ready"] == ("False", reason)
+    assert conditions(status)["Progressing"] == ("True", "RollingOut")
     assert status["phase"] == "Progressing"
 
 
-def test_a_deployment_still_on_the_old_config_hash_is_not_ready() -> None:
+def test_too_few_ready_pods_are_not_available_and_loading_pods_are_progress_not_complete() -> None:
+    r = rendered(replicas=3)
+    loading = pod("c", r.config_hash, ready=False, containerStatuses=[worker(restarts=0)])
+    status = assess(desired(r, 3), Observed(rolled(r.config_hash, 3, 1), [pod("a", r.config_hash), loading])).status
+    assert conditions(status)["Ready"] == ("False", "WaitingForReadyReplicas")
+    assert conditions(status)["Available"] == ("False", "MinimumReplicasUnavailable")
+    assert "1 of 3 pods ready, at least 2 needed" in message(status, "Available")
+    assert conditions(status)["Progressing"] == ("True", "PodsStarting")  # never RolloutComplete while loading
+    assert "c: Loading" in message(status, "Progressing")
+
+
+def test_a_deployment_still_on_the_old_config_hash_is_not_ready_but_available() -> None:
     r = rendered()
-    old = deployment("0ld", replicas=2, updatedReplicas=2, readyReplicas=2)
-    status = compute_status(desired(r), Observed(old, []), {}, NOW)
+    status = assess(desired(r), Observed(rolled("0ld", 2, 2), [])).status
     assert conditions(status)["Ready"] == ("False", "RollingOut")
-    assert conditions(status)["Available"] == ("True", "ReplicasReady")  # the old pods still serve
+    assert conditions(status)["Available"] == ("True", "MinimumReplicasAvailable")  # the old pods still serve
 
 
-def test_crash_loop_is_degraded_with_reason_and_last_exit() -> None:
+def test_hpa_scale_up_onto_a_node_being_added_keeps_ready_and_says_progressing() -> None:
+    """Issue 15: Ready went False on every HPA scale-up, and Degraded (Unschedulable) while a node was added."""
+    r = rendered(autoscaling={"enabled": True, "minReplicas": 2, "maxReplicas": 6})
+    pending = [unscheduled(n, r.config_hash, since=at(60)) for n in ("c", "d")]
+    events = {n: [event("TriggeredScaleUp", "pod triggered scale-up: [{gpu-pool 1->2 (max: 4)}]", kind="Normal")]
+              for n in ("c", "d")}
+    scaled = rolled(r.config_hash, 4, 2)  # the HPA set 4; two pods serve, two wait for a node
+    assessment = assess(desired(r, None, min_replicas=2), Observed(scaled, [pod("a", r.config_hash),
+                                                                           pod("b", r.config_hash), *pending],
+                                                                   events))
+    status = assessment.status
+    assert conditions(status)["Ready"] == ("True", "MinimumReplicasAvailable")
+    assert conditions(status)["Progressing"] == ("True", "PodsStarting")
+    assert "NodeProvisioning" in message(status, "Progressing") and "gpu-pool" in message(status, "Progressing")
+    assert conditions(status)["Degraded"] == ("False", "Healthy") and status["phase"] == "Ready"
+    # Nothing will announce the deadline: the operator must look again by then, and poll Events meanwhile.
+    assert assessment.recheck_in == pytest.approx(SCHEDULING_DEADLINE_SECONDS - 60)
+    assert assessment.waiting
+
+
+def test_one_pod_restarting_keeps_ready() -> None:
+    """It served, was restarted (a node hiccup, a liveness kill), and is loading again: normal operation."""
     r = rendered()
-    crashing = pod("a", r.config_hash, ready=False, containerStatuses=[{
-        "name": "worker", "ready": False, "restartCount": 4,
-        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 1m20s restarting failed container"}},
-        "lastState": {"terminated": {"reason": "Error", "exitCode": 2, "finishedAt": "2026-01-01T00:00:00Z"}}}])
-    status = compute_status(desired(r), Observed(deployment(r.config_hash, replicas=2, updatedReplicas=2,
-                                                            readyReplicas=1), [crashing]), {}, NOW)
+    restarted = pod("b", r.config_hash, ready=False, ready_since=at(20), containerStatuses=[worker(
+        last={"exitCode": 137, "reason": "Error", "startedAt": at(3600), "finishedAt": at(20)})])
+    status = assess(desired(r), Observed(rolled(r.config_hash, 2, 1), [pod("a", r.config_hash), restarted])).status
+    assert conditions(status)["Ready"] == ("True", "MinimumReplicasAvailable")
+    assert conditions(status)["Degraded"] == ("False", "Healthy")
+    assert conditions(status)["Progressing"] == ("True", "PodsStarting")
+    assert "b: Restarting" in message(status, "Progressing")
+
+
+def test_one_failing_pod_of_many_is_degraded_while_the_rest_keeps_it_ready() -> None:
+    r = rendered()
+    crashing = pod("b", r.config_hash, ready=False, containerStatuses=[worker(
+        state={"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 5m0s"}},
+        last={"exitCode": 139, "reason": "Error"})])
+    status = assess(desired(r), Observed(rolled(r.config_hash, 2, 1), [pod("a", r.config_hash), crashing])).status
+    assert conditions(status)["Ready"] == ("True", "MinimumReplicasAvailable")
+    assert conditions(status)["Degraded"] == ("True", "CrashLoopBackOff")
+    assert status["phase"] == "Degraded"
+
+
+def test_a_single_crash_looping_replica_is_not_ready_with_the_reason() -> None:
+    r = rendered(replicas=1)
+    crashing = pod("a", r.config_hash, ready=False, containerStatuses=[worker(
+        restarts=4, state={"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 1m20s restarting"}},
+        last={"exitCode": 139, "reason": "Error", "finishedAt": "2026-01-01T00:00:00Z"})])
+    status = assess(desired(r, 1), Observed(rolled(r.config_hash, 1, 0), [crashing])).status
     assert status["phase"] == "Degraded"
     assert conditions(status)["Degraded"] == ("True", "CrashLoopBackOff")
     assert conditions(status)["Ready"] == ("False", "CrashLoopBackOff")
-    assert status["lastFailure"] == {"reason": "CrashLoopBackOff", "pod": "a", "container": "worker", "exitCode": 2,
+    assert status["lastFailure"] == {"reason": "CrashLoopBackOff", "pod": "a", "container": "worker", "exitCode": 139,
                                      "time": "2026-01-01T00:00:00Z",
-                                     "message": "back-off 1m20s restarting failed container; last exit code 2 (Error)"}
-
-
-def test_oom_outranks_the_crash_loop_it_causes() -> None:
-    r = rendered()
-    oom = pod("a", r.config_hash, ready=False, containerStatuses=[{
-        "name": "worker", "ready": False, "restartCount": 2, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-        "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}])
-    status = compute_status(desired(r), Observed(deployment(r.config_hash), [oom]), {}, NOW)
-    assert conditions(status)["Degraded"] == ("True", "OOMKilled")
-    assert "memory limit" in status["lastFailure"]["message"] and status["lastFailure"]["time"] == NOW
-
-
-def test_no_gpu_to_schedule_on_is_degraded_unschedulable() -> None:
-    r = rendered()
-    pending = pod("a", r.config_hash, ready=False, conditions=[{
-        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-        "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}])
-    status = compute_status(desired(r), Observed(deployment(r.config_hash, replicas=1), [pending]), {}, NOW)
-    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
-    assert degraded["reason"] == "Unschedulable" and "Insufficient nvidia.com/gpu" in degraded["message"]
-
-
-def test_init_container_failures_count() -> None:
-    r = rendered(model={"uri": "hf://org/name", "revision": "0123456789abcdef0123456789abcdef01234567"})
-    stuck = pod("a", r.config_hash, ready=False, initContainerStatuses=[{
-        "name": "download-model", "ready": False, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}])
-    status = compute_status(desired(r), Observed(deployment(r.config_hash), [stuck]), {}, NOW)
-    assert status["lastFailure"]["container"] == "download-model"
+                                     "message": "back-off 1m20s restarting; last exit code 139 (Error)"}
 
 
 def test_a_recovered_container_is_history_not_degradation() -> None:
     r = rendered()
-    recovered = pod("a", r.config_hash, containerStatuses=[{
-        "name": "worker", "ready": True, "state": {"running": {}},
-        "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}])
-    previous = {"lastFailure": {"reason": "OOMKilled", "pod": "a", "container": "worker", "time": NOW}}
-    observed = Observed(deployment(r.config_hash, replicas=2, updatedReplicas=2, readyReplicas=2),
-                        [recovered, pod("b", r.config_hash)])
-    status = compute_status(desired(r), observed, previous, LATER)
+    recovered = pod("a", r.config_hash, containerStatuses=[worker(
+        ready=True, last={"reason": "OOMKilled", "exitCode": 137})])
+    previous = {"lastFailure": {"reason": "OOMKilled", "pod": "a", "container": "worker", "time": at(0)}}
+    status = assess(desired(r), Observed(rolled(r.config_hash, 2, 2), [recovered, pod("b", r.config_hash)]),
+                    previous, LATER).status
     assert conditions(status)["Degraded"] == ("False", "Healthy") and status["phase"] == "Ready"
     assert status["lastFailure"] == previous["lastFailure"]
 
@@ -139,45 +142,48 @@ def test_progress_deadline_is_a_failure() -> None:
     r = rendered()
     stuck = deployment(r.config_hash, replicas=1, conditions=[
         {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded", "message": "timed out"}])
-    status = compute_status(desired(r), Observed(stuck, []), {}, NOW)
+    status = assess(desired(r), Observed(stuck, [])).status
     assert conditions(status)["Progressing"] == ("False", "ProgressDeadlineExceeded")
-    assert status["phase"] == "Degraded"
+    assert status["phase"] == "Degraded" and "lastFailure" not in status  # a Deployment failure, not a pod's
 
 
-def test_autoscaled_desired_count_comes_from_the_deployment() -> None:
-    r = rendered(autoscaling={"enabled": True, "maxReplicas": 5})
-    hpa_set = deployment(r.config_hash, spec_replicas=4, replicas=4, updatedReplicas=4, readyReplicas=3)
-    assert conditions(compute_status(desired(r, None), Observed(hpa_set, []), {}, NOW))["Ready"][0] == "False"
-    hpa_set["status"]["readyReplicas"] = 4
-    assert conditions(compute_status(desired(r, None), Observed(hpa_set, []), {}, NOW))["Ready"][0] == "True"
+def test_autoscaled_capacity_is_guaranteed_at_min_replicas() -> None:
+    r = rendered(autoscaling={"enabled": True, "minReplicas": 3, "maxReplicas": 8})
+    want = desired(r, None, min_replicas=3)
+    assert conditions(assess(want, Observed(rolled(r.config_hash, 6, 2), [])).status)["Ready"][0] == "True"
+    assert conditions(assess(want, Observed(rolled(r.config_hash, 6, 1), [])).status)["Ready"] == (
+        "False", "WaitingForReadyReplicas")  # below minReplicas minus the PDB's one: capacity is missing
 
 
 def test_config_error_keeps_reporting_what_still_runs() -> None:
     r = rendered()
-    previous = compute_status(desired(r), Observed(deployment(r.config_hash, replicas=2, updatedReplicas=2,
-                                                              readyReplicas=2), []), {}, NOW)
+    previous = assess(desired(r), Observed(rolled(r.config_hash, 2, 2), [])).status
     error = ConfigError("InvalidSpec", "spec.extraArgs: bad")
-    status = compute_status(desired(None, error=error), Observed(deployment(r.config_hash, replicas=2,
-                                                                            readyReplicas=2), []), previous, LATER)
+    status = assess(desired(None, error=error), Observed(rolled(r.config_hash, 2, 2), []), previous, LATER).status
     assert status["phase"] == "Failed"
     assert conditions(status)["ConfigValid"] == ("False", "InvalidSpec")
     assert conditions(status)["Ready"] == ("False", "InvalidSpec")
-    assert conditions(status)["Available"] == ("True", "ReplicasReady")
+    assert conditions(status)["Available"] == ("True", "MinimumReplicasAvailable")
     assert status["workerArgs"] == previous["workerArgs"] and "configHash" not in status
 
 
 def test_transition_times_move_only_when_a_condition_flips() -> None:
     r = rendered()
-    first = compute_status(desired(r), Observed(None, []), {}, NOW)
-    same = compute_status(desired(r), Observed(None, []), first, LATER)
-    assert same == first  # nothing changed: the operator writes nothing
-    ready = compute_status(desired(r), Observed(deployment(r.config_hash, replicas=2, updatedReplicas=2,
-                                                           readyReplicas=2), []), first, LATER)
+    first = assess(desired(r), Observed(None, [])).status
+    assert assess(desired(r), Observed(None, []), first, LATER).status == first  # nothing changed: no write
+    ready = assess(desired(r), Observed(rolled(r.config_hash, 2, 2), []), first, LATER).status
     times = {c["type"]: c["lastTransitionTime"] for c in ready["conditions"]}
-    assert times["Ready"] == LATER and times["ConfigValid"] == NOW
+    assert times["Ready"] == "2026-01-01T12:05:00Z" and times["ConfigValid"] == "2026-01-01T12:00:00Z"
 
 
 def test_scaled_to_zero_is_not_ready() -> None:
     r = rendered(replicas=0)
-    status = compute_status(desired(r, 0), Observed(deployment(r.config_hash, spec_replicas=0), []), {}, NOW)
+    status = assess(desired(r, 0), Observed(deployment(r.config_hash, spec_replicas=0), [])).status
     assert conditions(status)["Ready"] == ("False", "ScaledToZero") and status["phase"] == "Pending"
+
+
+def test_a_steady_model_needs_no_recheck() -> None:
+    r = rendered()
+    assessment = assess(desired(r), Observed(rolled(r.config_hash, 2, 2), [pod("a", r.config_hash),
+                                                                          pod("b", r.config_hash)]))
+    assert assessment.recheck_in is None and not assessment.waiting

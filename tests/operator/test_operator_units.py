@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from kmock_semantics import drop_unapplied, matches_selector, merge_patch
+from kmock_semantics import drop_unapplied, matches_fields, matches_selector, merge_patch
 from scorekeeper_operator.drift import contains, owned_by
 from scorekeeper_operator.k8s import CHILD_KINDS, SCORING_MODELS, RejectedError, TransientApiError, _error
 
@@ -77,3 +77,13 @@ def test_apply_drops_only_fields_the_manager_still_owns() -> None:
 ])
 def test_label_selectors(selector: str, expected: bool) -> None:
     assert matches_selector(selector, {"app": "x", "tier": "web", "app.kubernetes.io/name": "w"}) is expected
+
+
+@pytest.mark.parametrize(("selector", "expected"), [
+    ("", True), ("involvedObject.uid=u1", True), ("involvedObject.uid==u2", False), ("type!=Normal", True),
+    ("involvedObject.kind=Pod,type=Warning", True), ("involvedObject.kind=Pod,type=Normal", False),
+    ("reason=", False), ("missing.path=", True),
+])
+def test_field_selectors(selector: str, expected: bool) -> None:
+    event = {"type": "Warning", "reason": "FailedMount", "involvedObject": {"kind": "Pod", "uid": "u1"}}
+    assert matches_fields(selector, event) is expected

@@ -105,10 +105,11 @@ Namespaced rules: granted cluster-wide (ClusterRole) or, with operator.watchName
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch]
-# kopf posts Events (warnings and errors only) about the ScoringModels it handles.
+# kopf posts Events (warnings and errors only) about the ScoringModels it handles; the reconciler lists the Events
+# of worker pods that are not ready (by involvedObject.uid): volume mount/attach failures, probe kills, node scale-up.
 - apiGroups: [""]
   resources: [events]
-  verbs: [create]
+  verbs: [create, list]
 {{- end }}
 
 {{/* Cluster-scoped rules kopf needs in every mode: it watches CRDs to notice its resource appearing or changing. */}}
