@@ -40,4 +40,6 @@ def test_concurrent_clients_get_their_own_scores(tiny_model: Callable[[str], Pat
 
     for expected, response in zip(alone, asyncio.run(together()), strict=True):
         assert response.status_code == 200, response.text
-        np.testing.assert_allclose(response.json()["scores"], expected, rtol=1e-5, atol=1e-6)
+        # Batches mix requests differently together than alone (GEMMs over other row counts): float32 logits of
+        # unit scale then differ by ~1e-6, so the absolute tolerance follows their scale, not that of the smallest.
+        np.testing.assert_allclose(response.json()["scores"], expected, rtol=1e-5, atol=1e-5)
