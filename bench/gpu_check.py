@@ -39,7 +39,7 @@ from scorekeeper_worker.attention import LayoutKind  # noqa: E402
 from scorekeeper_worker.config import DType  # noqa: E402
 from scorekeeper_worker.cuda_graphs import GraphRunner  # noqa: E402
 from scorekeeper_worker.device_copy import host_vectors  # noqa: E402
-from scorekeeper_worker.executor import pooled_rows  # noqa: E402
+from scorekeeper_worker.forward import pooled_rows  # noqa: E402
 from scorekeeper_worker.loader import ScoringModel, load_model  # noqa: E402
 from scorekeeper_worker.packing import PackUnit, Pool, build_inputs  # noqa: E402
 

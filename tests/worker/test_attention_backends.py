@@ -15,7 +15,7 @@ import torch
 from scorekeeper_worker.attention import LayoutKind, TokenLayout, token_allowed
 from scorekeeper_worker.attention_flex import block_tables, flex_block_mask, resolve_backend
 from scorekeeper_worker.config import DType
-from scorekeeper_worker.executor import pooled_rows
+from scorekeeper_worker.forward import pooled_rows
 from scorekeeper_worker.loader import ScoringModel, load_model
 from scorekeeper_worker.packing import GraphShape, PackUnit, Pool, build_inputs
 

@@ -17,7 +17,7 @@ import scorekeeper_worker.attention_kernels as kernels
 import scorekeeper_worker.heads as heads
 import torch
 from scorekeeper_worker.config import DType
-from scorekeeper_worker.executor import pooled_rows
+from scorekeeper_worker.forward import pooled_rows
 from scorekeeper_worker.loader import ScoringModel, load_model
 from scorekeeper_worker.packing import PackUnit, Pool, build_inputs
 from torch.utils._python_dispatch import TorchDispatchMode

@@ -14,7 +14,7 @@ from scorekeeper_worker.attention import LayoutKind
 from scorekeeper_worker.config import DType
 from scorekeeper_worker.cuda_graphs import GraphRunner
 from scorekeeper_worker.device_copy import host_vectors
-from scorekeeper_worker.executor import pooled_rows
+from scorekeeper_worker.forward import pooled_rows
 from scorekeeper_worker.loader import load_model
 from scorekeeper_worker.packing import build_inputs
 from test_graph_shaped import DELIMITER, batches_for

@@ -21,7 +21,7 @@ from scorekeeper_worker.attention import LayoutKind
 from scorekeeper_worker.attention_flex import flex_block_mask
 from scorekeeper_worker.config import DType
 from scorekeeper_worker.cuda_graphs import GraphRunner
-from scorekeeper_worker.executor import pooled_rows
+from scorekeeper_worker.forward import pooled_rows
 from scorekeeper_worker.loader import ScoringModel, load_model
 from scorekeeper_worker.packing import GraphShape, PackUnit, Pool, build_inputs, fits
 from serving import RunningServer

@@ -120,7 +120,7 @@ def test_attention_work_grows_with_items_not_packed_length_squared(tiny_model: C
 
 
 def test_packed_batch_equals_sequences_one_by_one(tiny_model: Callable[[str], Path]) -> None:
-    from scorekeeper_worker.executor import pooled_rows
+    from scorekeeper_worker.forward import pooled_rows
 
     model = load_model(tiny_model("llama-cls3"), DType.FLOAT32, "cpu", "t")
     rng = random.Random(3)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from scorekeeper_worker.attention import LayoutKind
-from scorekeeper_worker.executor import pooled_rows
+from scorekeeper_worker.forward import pooled_rows
 from scorekeeper_worker.loader import ScoringModel
 from scorekeeper_worker.packing import ForwardInputs, GraphShape, PackUnit, Pool, build_inputs, fits
 

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from scorekeeper_worker.attention import LayoutKind
+from scorekeeper_worker.cuda_graphs import GraphRunner
+from scorekeeper_worker.forward import pooled_rows
 from scorekeeper_worker.jobs import CopyStats, ScoreJob
 from scorekeeper_worker.loader import ScoringModel
-from scorekeeper_worker.packing import ForwardInputs, PackUnit, build_inputs
-
-if TYPE_CHECKING:
-    from scorekeeper_worker.cuda_graphs import GraphRunner
+from scorekeeper_worker.packing import PackUnit, build_inputs
 
 
 @dataclass
@@ -30,45 +28,10 @@ class BatchStats:
     graph_bucket: str = "none"  # the token bucket, for graph and padded batches
 
 
-def padded_hidden(trunk: torch.nn.Module, inputs: ForwardInputs) -> torch.Tensor:
-    """Models whose attention does not go through transformers' AttentionInterface (support matrix: padded): each
-    block of similar-length sequences runs as an ordinary right-padded batch with an attention mask, so the model's
-    own attention keeps sequences apart. Returns the packed hidden states [T, H], as the packed path does."""
-    ids, types = inputs.input_ids[0], inputs.token_type_ids
-    hidden: torch.Tensor | None = None
-    for block in inputs.layout.context_blocks:
-        mask = torch.arange(block.token_index.shape[1], device=ids.device)[None, :] < block.lengths[:, None]
-        extra = {} if types is None else {"token_type_ids": types[0][block.token_index]}
-        out = trunk(input_ids=ids[block.token_index], attention_mask=mask.long(), position_ids=block.positions,
-                    **extra).last_hidden_state
-        if hidden is None:
-            hidden = out.new_empty(inputs.num_tokens + 1, out.shape[-1])  # the last row takes padding
-        hidden.index_copy_(0, block.write_index, out.reshape(-1, out.shape[-1]))
-    assert hidden is not None, "a batch has at least one sequence"
-    return hidden[:-1]
-
-
-def pooled_rows(model: ScoringModel, inputs: ForwardInputs) -> torch.Tensor:
-    """Forward the packed batch and pool it: [P, H] float32, one row per Pool of the units (graph-shaped inputs:
-    one row per slot of the bucket, the live ones first). Reads no device value on the host, so it can be captured."""
-    inputs.layout.reset()  # masks are rebuilt from the tensors' current values in every pass
-    if model.packed:
-        extra = {} if inputs.token_type_ids is None else {"token_type_ids": inputs.token_type_ids}
-        output = model.trunk(input_ids=inputs.input_ids, position_ids=inputs.position_ids,
-                             scorekeeper_layout=inputs.layout, use_cache=False, **extra)
-        hidden = output.last_hidden_state[0]
-    else:
-        hidden = padded_hidden(model.trunk, inputs)
-    contributions = hidden[inputs.pool_token_index].float() * inputs.pool_weight[:, None]
-    pooled = torch.zeros(inputs.pool_rows or len(inputs.owners), hidden.shape[-1], dtype=torch.float32,
-                         device=hidden.device)
-    return pooled.index_add_(0, inputs.pool_slot, contributions)
-
-
 class Executor:
     def __init__(self, model: ScoringModel, backend: str = "sdpa", graphs: GraphRunner | None = None) -> None:
         self.model = model
-        # Padded models run on the row blocks of the BLOCKS layout (executor.padded_hidden).
+        # Padded models run on the row blocks of the BLOCKS layout (forward.padded_hidden).
         self.eager_kind = LayoutKind.FLEX if backend == "flex" and model.packed else LayoutKind.BLOCKS
         self.graphs = graphs
 
