@@ -48,6 +48,8 @@ SAMPLES: dict[str, Any] = {
     "model.cache.claimName": "hub-cache",
     "model.downloadSizeLimit": "4Gi",
     "model.servedName": "ranker",
+    "scoring.promptTemplate": "qwen3-reranker",
+    "scoring.labelTokens": " yes, no",
     "model.tokenSecretRef.name": "hf-token",
     "model.tokenSecretRef.key": "hf",
     "resources.gpu.resourceName": "amd.com/gpu",

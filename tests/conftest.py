@@ -27,6 +27,16 @@ def tiny_model(tiny_dir: Path) -> Callable[[str], Path]:
 
 
 @pytest.fixture(scope="session")
+def smollm2_converted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct converted from its GGUF once per session (~30 s) into SCOREKEEPER_MODEL_CACHE (when
+    set, reused between runs) or a temporary directory: loads in a fraction of a second, in servers and references."""
+    from scorekeeper_worker import model_files
+
+    cache = os.environ.get("SCOREKEEPER_MODEL_CACHE")
+    return model_files.prepare_smollm2(Path(cache) if cache else tmp_path_factory.mktemp("model-cache"))
+
+
+@pytest.fixture(scope="session")
 def server_for() -> Iterator[Callable[..., RunningServer]]:
     """(model dir, **flags) → a server, started once per distinct configuration and reused by every test."""
     servers: dict[tuple[Any, ...], RunningServer] = {}

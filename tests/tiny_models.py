@@ -56,6 +56,7 @@ class TinyModel(enum.StrEnum):
     GEMMA2_REWARD = "gemma2-reward"
     MISTRAL_CLS3 = "mistral-cls3"
     QWEN3_CAUSAL = "qwen3-causal"
+    QWEN3_RERANKER = "qwen3-reranker"
     QWEN2_CAUSAL = "qwen2-causal"
     LLAMA_CAUSAL = "llama-causal"
     MISTRAL_CAUSAL = "mistral-causal"
@@ -90,6 +91,8 @@ class TinySpec:
     adds_bos: bool  # whether tokenizer(text) puts a BOS / CLS token in front
     adds_eos: bool = False  # whether tokenizer(text) puts an EOS after the text (decoders)
     pooling: str = "mean"  # embedding models: sentence-transformers pooling; ModernBERT: classifier_pooling
+    vocab_size: int = 300  # byte-level BPE vocabularies (decoders, ModernBERT)
+    added_tokens: tuple[str, ...] = ()  # decoders: tokens added after training (not special)
 
     @property
     def encoder(self) -> bool:
@@ -117,6 +120,10 @@ SPECS: dict[TinyModel, TinySpec] = {
     TinyModel.GEMMA2_REWARD: _spec("gemma2", "classifier", "Gemma2ForSequenceClassification", 1),
     TinyModel.MISTRAL_CLS3: _spec("mistral", "classifier", "MistralForSequenceClassification", 3),
     TinyModel.QWEN3_CAUSAL: _spec("qwen3", "causal_lm", "Qwen3ForCausalLM"),
+    # Qwen3-Reranker's tokenizer shape: ChatML specials and <think>/</think> as added tokens, and a vocabulary large
+    # enough that "yes" and "no" (its labels) are single tokens.
+    TinyModel.QWEN3_RERANKER: _spec("qwen3", "causal_lm", "Qwen3ForCausalLM", vocab_size=512,
+                                    added_tokens=("<think>", "</think>")),
     TinyModel.QWEN2_CAUSAL: _spec("qwen2", "causal_lm", "Qwen2ForCausalLM"),
     TinyModel.LLAMA_CAUSAL: _spec("llama", "causal_lm", "LlamaForCausalLM"),
     TinyModel.MISTRAL_CAUSAL: _spec("mistral", "causal_lm", "MistralForCausalLM"),
@@ -263,7 +270,8 @@ def tokenizer_for(spec: TinySpec) -> PreTrainedTokenizerBase:
         return tiny_tokenizers.modernbert_bpe()
     if spec.encoder:
         return tiny_tokenizers.wordpiece(roberta_style=spec.family in ("xlmr", "roberta"))
-    return tiny_tokenizers.byte_bpe(DECODER_BOS[spec.family], eos=spec.adds_eos)
+    return tiny_tokenizers.byte_bpe(DECODER_BOS[spec.family], eos=spec.adds_eos, vocab_size=spec.vocab_size,
+                                    added=spec.added_tokens)
 
 
 def _save(name: TinyModel, out: Path) -> None:

@@ -63,7 +63,7 @@ def corpus() -> list[str]:
     return lines
 
 
-def _byte_bpe_backend(specials: list[str]) -> Any:
+def _byte_bpe_backend(specials: list[str], vocab_size: int = 300) -> Any:
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     backend = Tokenizer(models.BPE())
@@ -79,7 +79,7 @@ def _byte_bpe_backend(specials: list[str]) -> Any:
     )
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=300,
+        vocab_size=vocab_size,
         special_tokens=specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
@@ -88,13 +88,16 @@ def _byte_bpe_backend(specials: list[str]) -> Any:
     return backend
 
 
-def byte_bpe(bos: str | None, eos: bool = False) -> PreTrainedTokenizerBase:
-    """Decoder tokenizer: ChatML specials, `bos` before each sequence, and with `eos` an `<|im_end|>` after it."""
-    from tokenizers import processors
+def byte_bpe(bos: str | None, eos: bool = False, vocab_size: int = 300,
+             added: tuple[str, ...] = ()) -> PreTrainedTokenizerBase:
+    """Decoder tokenizer: ChatML specials, `bos` before each sequence, and with `eos` an `<|im_end|>` after it;
+    `added`: tokens added after training, not special (like Qwen3's `<think>`, `</think>`)."""
+    from tokenizers import AddedToken, processors
     from transformers import PreTrainedTokenizerFast
 
     eos_token = "<|im_end|>"
-    backend = _byte_bpe_backend(CHATML_SPECIALS + ([bos] if bos else []))
+    backend = _byte_bpe_backend(CHATML_SPECIALS + ([bos] if bos else []), vocab_size)
+    backend.add_tokens([AddedToken(token, special=False, normalized=False) for token in added])
     # ByteLevel(trim_offsets=False) keeps offsets exact; the template adds BOS like Llama/Gemma tokenizers do.
     byte_level = processors.ByteLevel(trim_offsets=False)
     if bos or eos:

@@ -21,13 +21,18 @@ MODEL_MOUNT = "/models"
 CONFIG_DIR = "/etc/scorekeeper"
 CONFIG_FILE = "worker.yaml"
 CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
+# spec.scoring.promptTemplate given as text: written into the same ConfigMap, so the pod reads it at this path.
+PROMPT_TEMPLATE_FILE = "prompt-template.txt"
+PROMPT_TEMPLATE_PATH = f"{CONFIG_DIR}/{PROMPT_TEMPLATE_FILE}"
+# The worker's built-in templates (worker/scorekeeper_worker/prompt_template.py BUILTIN; a test keeps them equal).
+BUILTIN_PROMPT_TEMPLATES = ("qwen3-reranker",)
 
 # Every flag the operator renders from the spec (plus the negations argparse accepts for boolean flags).
 # spec.extraArgs may not set them; the CRD's CEL rule on extraArgs lists the same flags (a test keeps them equal).
 RESERVED_FLAGS: tuple[str, ...] = (
     "--config", "--model", "--served-name", "--dtype", "--device", "--host", "--port",
     "--max-batch-tokens", "--max-queue-tokens", "--max-request-tokens", "--request-timeout-seconds",
-    "--max-items-per-request", "--pooled-hidden-states",
+    "--max-items-per-request", "--pooled-hidden-states", "--prompt-template", "--label-tokens",
     "--multi-item-scoring", "--no-multi-item-scoring", "--multi-item-scoring-delimiter",
     "--cuda-graph", "--no-cuda-graph", "--cuda-graph-token-buckets", "--cuda-graph-max-tokens",
     "--cuda-graph-max-seqs", "--drain-timeout-seconds", "--metrics-port", "--api-key-file",
@@ -84,7 +89,19 @@ def worker_config(model: ScoringModel) -> dict[str, Any]:
         config["api_key_file"] = API_KEY_PATH
     if spec.scoring.request_timeout_seconds is not None:
         config["request_timeout_seconds"] = spec.scoring.request_timeout_seconds
+    template = spec.scoring.prompt_template
+    if template is not None:
+        config["prompt_template"] = template if template in BUILTIN_PROMPT_TEMPLATES else PROMPT_TEMPLATE_PATH
+    if spec.scoring.label_tokens is not None:
+        config["label_tokens"] = spec.scoring.label_tokens
     return config
+
+
+def config_files(model: ScoringModel) -> dict[str, str]:
+    """Files beside the config file in the worker's ConfigMap: a prompt template given as text, byte for byte."""
+    template = model.spec.scoring.prompt_template
+    return {PROMPT_TEMPLATE_FILE: template} if template is not None and template not in BUILTIN_PROMPT_TEMPLATES \
+        else {}
 
 
 def _flag(name: str) -> str:

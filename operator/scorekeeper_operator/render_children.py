@@ -24,7 +24,8 @@ def scaling_behavior() -> dict[str, Any]:
 
 def configmap(model: ScoringModel, meta: dict[str, Any]) -> dict[str, Any]:
     config = yaml.safe_dump(flags.worker_config(model), sort_keys=True)
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {flags.CONFIG_FILE: config}}
+    data = {flags.CONFIG_FILE: config, **flags.config_files(model)}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
 
 
 def service(meta: dict[str, Any], selector: dict[str, str]) -> dict[str, Any]:

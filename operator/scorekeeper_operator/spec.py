@@ -14,7 +14,7 @@ from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from scorekeeper_operator.flags import RESERVED_FLAGS
+from scorekeeper_operator.flags import BUILTIN_PROMPT_TEMPLATES, RESERVED_FLAGS
 from scorekeeper_operator.quantity import QUANTITY_PATTERN
 from scorekeeper_operator.spec_base import Spec
 from scorekeeper_operator.spec_pod import NetworkPolicy, PodOptions
@@ -144,6 +144,22 @@ class Scoring(Spec):
     max_request_tokens: int = Field(65536, ge=16, le=1_073_741_824)
     request_timeout_seconds: int | None = Field(None, ge=1, le=86400)
     return_pooled_hidden_states: PooledHiddenStates = PooledHiddenStates.ALLOWED
+    # A built-in template's name, or the template text itself (written into the worker's ConfigMap).
+    prompt_template: str | None = Field(None, min_length=1, max_length=65536)
+    label_tokens: str | None = Field(None, min_length=1, max_length=1024)
+
+    @model_validator(mode="after")
+    def _prompt(self) -> Self:
+        template = self.prompt_template
+        if template is not None and template not in BUILTIN_PROMPT_TEMPLATES and \
+                (template.count("{item}") != 1 or template.count("{query}") != 1):
+            raise ValueError("scoring.promptTemplate must be a built-in template "
+                             f"({', '.join(BUILTIN_PROMPT_TEMPLATES)}) or a template text with {{query}} and {{item}} "
+                             "once each")
+        labels = self.label_tokens.split(",") if self.label_tokens is not None else []
+        if "" in labels or len(set(labels)) != len(labels):
+            raise ValueError('scoring.labelTokens must be distinct, non-empty labels separated by commas (" yes, no")')
+        return self
 
 
 class CudaGraph(Spec):

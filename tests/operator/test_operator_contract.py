@@ -15,7 +15,11 @@ from scorekeeper_operator.settings import OperatorSettings
 from scorekeeper_operator.spec import ScoringModel
 from scorekeeper_worker.cli import build_parser, parse_config
 from scorekeeper_worker.config import WorkerConfig
+from scorekeeper_worker.prompt_template import BUILTIN, load_template
 
+# A template given as text, with what a YAML round trip or a file write could lose: braces, quotes, a tab, non-ASCII
+# text and the trailing blank line the prompt ends with.
+CUSTOM_TEMPLATE = '<|im_start|>user\n{instruct}\tQuery: "{query}" — {other}\nDocument: {item}<|im_end|>\n\n'
 SPECS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "gpu-mis-graphs": {
@@ -34,6 +38,8 @@ SPECS: dict[str, dict[str, Any]] = {
     "gpu-without-bfloat16": {"model": {"uri": "pvc://models/qwen3", "dtype": "float16"},
                              "resources": {"gpu": {"count": 1}}},
     "api-keys": {"auth": {"apiKeySecretRef": {"name": "scorer-keys", "key": "keys"}}},
+    "qwen3-reranker": {"scoring": {"promptTemplate": "qwen3-reranker", "multiItem": {"enabled": True}}},
+    "own-template-and-labels": {"scoring": {"promptTemplate": CUSTOM_TEMPLATE, "labelTokens": " Yes, No"}},
 }
 
 
@@ -99,6 +105,32 @@ def test_rendered_args_parse_to_the_intended_config(name: str, tmp_path: Path) -
     assert config.host == "0.0.0.0"  # the worker's own default is loopback
     assert config.metrics_port == flags.METRICS_PORT  # always: the Service's metrics port targets it
     assert config.api_key_file == (None if spec.auth.api_key_secret_ref is None else Path(flags.API_KEY_PATH))
+    template = spec.scoring.prompt_template
+    assert config.prompt_template == (template if template in (None, "qwen3-reranker") else flags.PROMPT_TEMPLATE_PATH)
+    labels = spec.scoring.label_tokens
+    assert config.label_tokens == (None if labels is None else tuple(labels.split(",")))
+
+
+@pytest.mark.parametrize("name", ["qwen3-reranker", "own-template-and-labels"])
+def test_the_worker_loads_the_rendered_template(name: str, tmp_path: Path) -> None:
+    """What the pod sees: the ConfigMap's files under flags.CONFIG_DIR, read by the worker's own template loader."""
+    model, args, _ = rendered_for(SPECS[name])
+    configmap = render(model, OperatorSettings(), service_monitor_api=False).get("ConfigMap")
+    assert configmap is not None
+    for file, text in configmap["data"].items():
+        (tmp_path / file).write_text(text)
+    config = parse_config([a.replace(flags.CONFIG_DIR, str(tmp_path)) for a in args], environ={})
+    assert config.prompt_template is not None
+    template = load_template(config.prompt_template.replace(flags.CONFIG_DIR, str(tmp_path)))
+    if name == "qwen3-reranker":
+        assert template is BUILTIN["qwen3-reranker"] and set(configmap["data"]) == {flags.CONFIG_FILE}
+    else:
+        assert template.render("Q", "D", "I") == CUSTOM_TEMPLATE.replace("{instruct}", "I").replace(
+            "{query}", "Q").replace("{item}", "D")
+
+
+def test_the_operator_knows_the_worker_s_built_in_templates() -> None:
+    assert set(flags.BUILTIN_PROMPT_TEMPLATES) == set(BUILTIN)
 
 
 @pytest.mark.parametrize("name", SPECS)

@@ -133,6 +133,10 @@ BOUNDARIES: list[tuple[str, dict[str, Any], str | None]] = [
     ("peer-ip-and-selector", _doc(networkPolicy={"enabled": True, "from": [
         {"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}]}), "ipBlock cannot be combined"),
     ("peer-ip", _doc(networkPolicy={"enabled": True, "from": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}), None),
+    ("template-builtin", _doc(scoring={"promptTemplate": "qwen3-reranker"}), None),
+    ("template-text", _doc(scoring={"promptTemplate": "Q: {query}\nD: {item}\nA:"}), None),
+    ("template-unknown-name", _doc(scoring={"promptTemplate": "qwen9-reranker"}), "a built-in template"),
+    ("template-no-query", _doc(scoring={"promptTemplate": "D: {item}"}), "a built-in template"),
 ]
 
 

@@ -70,8 +70,11 @@ def test_missing_or_wrong_key_is_401_with_www_authenticate(server: RunningServer
 
 def test_every_v1_route_needs_the_key_before_reading_the_body(server: RunningServer) -> None:
     assert httpx.get(server.url + "/v1/models", timeout=10).status_code == 401
-    assert post(server, "/v1/rerank", None, {"query": "q", "documents": ["a"]}).status_code == 401
+    for path in ("/v1/rerank", "/v2/rerank"):  # /v2/rerank: Cohere's path
+        assert post(server, path, None, {"query": "q", "documents": ["a"]}).status_code == 401
+    assert post(server, "/v1/embeddings", None, {"input": "a"}).status_code == 401
     assert post(server, "/v1/no-such-route", None).status_code == 401  # no route discovery without a key
+    assert post(server, "/v2/no-such-route", None).status_code == 401
     # An unauthenticated client gets 401, not a schema error: its body is never parsed.
     assert post(server, "/v1/score", None, {"items": 42}).status_code == 401
 
@@ -83,6 +86,7 @@ def test_each_listed_key_is_accepted(server: RunningServer) -> None:
     assert httpx.get(server.url + "/v1/models", headers={"authorization": f"Bearer {SECOND}"},
                      timeout=10).json()["data"][0]["kind"] == "classifier"
     assert post(server, "/v1/rerank", FIRST, {"query": "q", "documents": ["a"]}).status_code == 200
+    assert post(server, "/v2/rerank", FIRST, {"query": "q", "documents": ["a"]}).status_code == 200
 
 
 def test_probes_and_the_schema_stay_open(server: RunningServer) -> None:
@@ -90,8 +94,9 @@ def test_probes_and_the_schema_stay_open(server: RunningServer) -> None:
         assert httpx.get(server.url + path, timeout=10).status_code == 200, path
     spec = httpx.get(server.url + "/openapi.json", timeout=10).json()
     assert spec["components"]["securitySchemes"]["bearer"] == {"type": "http", "scheme": "bearer"}
-    assert spec["paths"]["/v1/score"]["post"]["security"] == [{"bearer": []}]
-    assert "401" in spec["paths"]["/v1/score"]["post"]["responses"]
+    for path in ("/v1/score", "/v1/rerank", "/v2/rerank", "/v1/embeddings"):
+        assert spec["paths"][path]["post"]["security"] == [{"bearer": []}], path
+        assert "401" in spec["paths"][path]["post"]["responses"], path
     assert "security" not in spec["paths"]["/ready"]["get"]
 
 

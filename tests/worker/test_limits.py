@@ -12,12 +12,12 @@ from typing import Any
 import httpx
 import pytest
 import scorekeeper_worker.planning as planning
-import scorekeeper_worker.service as service_module
 from prometheus_client.parser import text_string_to_metric_families
 from scorekeeper_worker.config import DType
 from scorekeeper_worker.loader import load_model
 from scorekeeper_worker.planning import plan, tokenize
 from scorekeeper_worker.schemas import RequestTooLarge, ScoreRequest
+from scorekeeper_worker.special_tokens import PairLayout
 from serving import RunningServer
 
 # The issue's probe: a 6.7 KB body that plans 64 × (2040 + 2) = 130,688 tokens (single-item: the query per item).
@@ -82,19 +82,24 @@ def test_the_limit_is_the_planned_count_checked_before_any_unit_is_built(
     assert built == []
 
 
-def test_cross_encoder_pairs_are_refused_before_they_are_encoded(
+def test_cross_encoder_pairs_are_refused_before_they_are_built(
         tiny_model: Callable[[str], Path], server_for: Callable[..., RunningServer],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A cross-encoder encodes query + item for every item: 200 query tokens × 64 items must not be tokenized."""
+    """A cross-encoder pairs the query with every item: 200 query tokens × 64 items are refused from the lengths,
+    with the query tokenized once and no pair ever built."""
     server = server_for(tiny_model("bert-cross"), max_request_tokens=4096)
-    tokenized: list[ScoreRequest] = []
-    monkeypatch.setattr(service_module, "tokenize", lambda model, request: tokenized.append(request))
-    for query in (" ".join(["river"] * 200), [1000] * 200):
-        items: Any = ["an item"] * 64 if isinstance(query, str) else [[1001]] * 64
+    joined: list[object] = []
+    tokenized: list[int] = []
+    plain = planning.plain_tokens
+    monkeypatch.setattr(PairLayout, "join", lambda *args: joined.append(args))
+    monkeypatch.setattr(planning, "plain_tokens", lambda model, query, items, field: tokenized.append(len(items))
+                        or plain(model, query, items, field))
+    for query in (" ".join(["a"] * 200), [100] * 200):
+        items: Any = ["an item"] * 64 if isinstance(query, str) else [[101]] * 64
         response = server.score(query=query, items=items)
         assert response.status_code == 413, response.text
         assert response.json()["message"].startswith("items:")
-    assert tokenized == []
+    assert joined == [] and tokenized == [64, 64]  # one call per request: the query once, each item once
 
 
 def test_a_response_over_the_limit_is_400_before_any_work(tiny_model: Callable[[str], Path],

@@ -1,5 +1,5 @@
-"""API keys (--api-key-file): /v1/* need `Authorization: Bearer <key>`; /health, /ready, /metrics and the schema stay
-open (probes and scrapers carry no key).
+"""API keys (--api-key-file): /v1/* and /v2/* need `Authorization: Bearer <key>`; /health, /ready, /metrics and the
+schema stay open (probes and scrapers carry no key).
 
 The file holds one key per line (blank lines and lines starting with `#` are skipped). It is re-read when it changes,
 so a rotated key needs no restart: a Kubernetes Secret volume updates by swapping a symlink (a new inode behind the
@@ -20,7 +20,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from scorekeeper_worker.errors import Unauthorized
 
 log = logging.getLogger(__name__)
-PROTECTED_PREFIX = "/v1/"
+PROTECTED_PREFIXES = ("/v1/", "/v2/")  # the API (/v2/rerank: Cohere's path); probes, metrics and docs stay open
+
+
+def is_protected(path: str) -> bool:
+    return (path + "/").startswith(PROTECTED_PREFIXES)
 
 
 class KeyFileError(ValueError):
@@ -89,7 +93,7 @@ class ApiKeyAuth:
         self.keys = keys
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and (scope["path"] + "/").startswith(PROTECTED_PREFIX):
+        if scope["type"] == "http" and is_protected(scope["path"]):
             token = _bearer_token(scope)
             if not token:
                 raise Unauthorized("missing API key: send the header Authorization: Bearer <key>")

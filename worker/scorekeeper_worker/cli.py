@@ -78,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-items-per-request", "largest number of items in one request; beyond it 400", type=int)
     add("--pooled-hidden-states", "whether requests may ask for pooled hidden states",
         choices=[p.value for p in PooledHiddenStates])
+    add("--prompt-template", "LLM rerankers: wrap every (query, item) pair of a decoder model in this prompt: a "
+        "built-in name (qwen3-reranker) or a text file with {instruct}, {query} and {item} (used byte for byte); "
+        "the text before {item} is shared by all items of a request (default: none)")
+    add("--label-tokens", "comma-separated label tokens as text, spaces kept (\" yes, no\"); each must be one "
+        "token of the model's tokenizer; the default label_token_ids of a causal LM, the first one /v1/rerank's "
+        "relevance (default: none, or the built-in template's)")
     add("--multi-item-scoring", "score all items of a request in one packed sequence sharing the query "
         "(decoder models)", action=argparse.BooleanOptionalAction)
     add("--multi-item-scoring-delimiter", "token id placed between query and items (SGLang layout); implies "
@@ -170,6 +176,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             try:
                 ApiKeys(config.api_key_file)  # refuse a missing or empty key file before loading anything
             except KeyFileError as error:
+                raise ConfigError(str(error)) from None
+        if config.prompt_template is not None:
+            from scorekeeper_worker.prompt_template import TemplateError, load_template
+
+            try:
+                load_template(config.prompt_template)  # a missing file or a broken template: before loading
+            except TemplateError as error:
                 raise ConfigError(str(error)) from None
     except ConfigError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)

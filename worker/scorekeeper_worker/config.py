@@ -60,6 +60,8 @@ class WorkerConfig(BaseModel):
     request_timeout_seconds: float | None = Field(None, gt=0)
     max_items_per_request: int = Field(4096, ge=1)
     pooled_hidden_states: PooledHiddenStates = PooledHiddenStates.ALLOWED
+    prompt_template: str | None = Field(None, min_length=1)
+    label_tokens: tuple[str, ...] | None = None
     multi_item_scoring: bool = False
     multi_item_scoring_delimiter: int | None = Field(None, ge=0)
     cuda_graph: bool = False
@@ -77,6 +79,22 @@ class WorkerConfig(BaseModel):
     def _split_buckets(cls, value: object) -> object:
         if isinstance(value, str):
             return tuple(int(part) for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("label_tokens", mode="before")
+    @classmethod
+    def _split_labels(cls, value: object) -> object:
+        # Comma-separated; spaces are kept: " yes" is the token for a space followed by "yes".
+        return tuple(value.split(",")) if isinstance(value, str) else value
+
+    @field_validator("label_tokens")
+    @classmethod
+    def _check_labels(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is not None:
+            if not value or any(label == "" for label in value):
+                raise ValueError("label tokens must be non-empty strings, separated by commas (\" yes, no\")")
+            if len(set(value)) != len(value):
+                raise ValueError(f"label tokens must differ: {list(value)}")
         return value
 
     @model_validator(mode="after")

@@ -77,6 +77,12 @@ def _log_normaliser(model: ScoringModel, head: torch.nn.Module, rows: torch.Tens
                       for i in range(0, rows.shape[0], step)])
 
 
+def embeddings(model: ScoringModel, pooled: torch.Tensor) -> torch.Tensor:
+    """What `SentenceTransformer.encode` returns: the pooled rows, L2-normalised when the model's modules.json ends
+    with Normalize."""
+    return F.normalize(pooled.float(), p=2.0, dim=-1) if model.normalize else pooled.float()
+
+
 def cosine_scores(query: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
     """[H] and [n, H] → [n, 1] cosine similarities, computed in float32."""
     return F.cosine_similarity(items.float(), query.float()[None, :], dim=-1)[:, None]

@@ -43,6 +43,7 @@ class ScoreJob:
     multi_item: bool
     future: asyncio.Future[JobResult]
     loop: asyncio.AbstractEventLoop
+    embed: bool = False  # embedding models: the items' embeddings (pooled, unit length if the model normalizes)
     enqueued_at: float = field(default_factory=time.perf_counter)
     started_at: float | None = None
     remaining: int = 0
@@ -66,6 +67,9 @@ class ScoreJob:
         features = heads.pre_head(model, rows.to(model.dtype))
         if model.kind == ModelKind.CAUSAL_LM:
             scores = self._label_scores(model, slots, features)
+        elif self.embed:
+            scores = [[] for _ in slots]
+            features = heads.embeddings(model, features)
         elif model.kind == ModelKind.EMBEDDING:
             assert self.query_embedding is not None  # the query unit is planned first, so it is scored first
             scores = heads.cosine_scores(self.query_embedding, rows)

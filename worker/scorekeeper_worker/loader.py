@@ -27,7 +27,8 @@ from transformers import (
 from scorekeeper_worker.attention import ATTENTION_NAME
 from scorekeeper_worker.config import Device, DType
 from scorekeeper_worker.dtypes import DTypeChoice, choose_dtype, detect_hardware, dtype_name
-from scorekeeper_worker.special_tokens import SpecialTokens, special_tokens
+from scorekeeper_worker.prompt_template import PromptTemplate
+from scorekeeper_worker.special_tokens import PairLayout, SpecialTokens, pair_layout, special_tokens
 from scorekeeper_worker.support import (
     ArchitectureSupport,
     Execution,
@@ -71,10 +72,17 @@ class ScoringModel:
     position_start: int
     uses_token_types: bool
     pooling: Pooling
-    specials: SpecialTokens  # decoders: where the tokenizer puts its specials around one sequence
+    specials: SpecialTokens  # where the tokenizer puts its specials around one sequence
     support: ArchitectureSupport
     pre_head: HeadModules = ()
     head: HeadModules = ()
+    pair: PairLayout | None = None  # cross-encoders: the tokenizer's pair template
+    normalize: bool = False  # embedding models: a sentence-transformers Normalize module follows the pooling
+    lowercase: bool = False  # embedding models: sentence-transformers lower-cases texts (do_lower_case)
+    # Set by the service from --prompt-template / --label-tokens (decoders): the prompt every text pair is wrapped
+    # in, and the label tokens a request that sends none gets.
+    template: PromptTemplate | None = None
+    default_labels: list[int] | None = None
 
     @property
     def is_decoder(self) -> bool:
@@ -109,6 +117,25 @@ def _sentence_transformers_pooling(path: Path) -> Pooling | None:
                                        f"{sorted(_POOLING_MODES)}")
             pooling = _POOLING_MODES[modes[0]]
     return pooling
+
+
+def _sentence_transformers_normalize(path: Path) -> bool:
+    """Whether modules.json ends the pipeline with Normalize: `SentenceTransformer.encode` then returns unit vectors
+    (/v1/embeddings does too; a cosine does not change)."""
+    modules_file = path / "modules.json"
+    types = [m.get("type", "").rsplit(".", 1)[-1] for m in json.loads(modules_file.read_text())] \
+        if modules_file.exists() else []
+    return "Normalize" in types
+
+
+def _sentence_transformers_settings(path: Path) -> tuple[int | None, bool]:
+    """sentence_bert_config.json: (max_seq_length, do_lower_case). sentence-transformers cuts every text to
+    max_seq_length tokens, so beyond it the model was never meant to run (TEI and vLLM cap their length there too)."""
+    settings_file = path / "sentence_bert_config.json"
+    if not settings_file.exists():
+        return None, False
+    settings = json.loads(settings_file.read_text())
+    return settings.get("max_seq_length"), bool(settings.get("do_lower_case", False))
 
 
 def _pooling(path: Path, config: object, kind: KindSupport) -> Pooling:
@@ -181,6 +208,12 @@ def load_model(path: Path, dtype: DType, device: str, name: str) -> ScoringModel
     else:
         logit_size = getattr(config, "num_labels", 0)
     pooling = _pooling(path, config, kind)
+    max_positions = config.max_position_embeddings - offset
+    normalize = lowercase = False
+    if kind.kind == ModelKind.EMBEDDING and path.is_dir():
+        max_seq_length, lowercase = _sentence_transformers_settings(path)
+        max_positions = min(max_positions, max_seq_length or max_positions)
+        normalize = _sentence_transformers_normalize(path)
     log.info("loaded %s (%s, %s pooling) from %s; dtype %s (%s)", type(model).__name__, kind.kind, pooling, path,
              dtype_name(choice.dtype), choice.reason)
     return ScoringModel(
@@ -193,13 +226,15 @@ def load_model(path: Path, dtype: DType, device: str, name: str) -> ScoringModel
         device=torch.device(device),
         hidden_size=config.hidden_size,
         logit_size=logit_size,
-        max_positions=config.max_position_embeddings - offset,
+        max_positions=max_positions,
         position_start=offset,
         uses_token_types=getattr(config, "type_vocab_size", 0) > 1,
         pooling=pooling,
-        # Decoders join query and item themselves; encoders use the tokenizer's own single and pair encodings.
-        specials=special_tokens(tokenizer) if arch.decoder else SpecialTokens([], []),
+        specials=special_tokens(tokenizer),
         support=arch,
         pre_head=_modules(model, kind.pre_head),
         head=_modules(model, kind.head),
+        pair=pair_layout(tokenizer) if kind.kind == ModelKind.CROSS_ENCODER else None,
+        normalize=normalize,
+        lowercase=lowercase,
     )

@@ -1,26 +1,17 @@
-"""Validated request → tokenized sequences → the pack units that score it (pure, CPU).
-
-Query and items are tokenized separately and joined at token level (spec: "Score semantics"), which is what makes
-multi-item scores equal single-item scores of the same token sequences."""
+"""Validated request → tokenized sequences (encoding.py, template_encoding.py) → the pack units that score it (pure,
+CPU), with the planned tokens admitted (`--max-request-tokens`) before any unit is built."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from scorekeeper_worker import template_encoding
+from scorekeeper_worker.encoding import Direction, LengthRules, Tokenized, encode, plain_tokens
 from scorekeeper_worker.loader import ModelKind, Pooling, ScoringModel
 from scorekeeper_worker.packing import PackUnit, Pool
 from scorekeeper_worker.schemas import BadRequest, RequestTooLarge, ScoreRequest
 
 QUERY_SLOT = -1  # embedding models pool the query once per request into this slot
-
-
-@dataclass
-class Tokenized:
-    """Token ids after the spec's special-token rules. For cross-encoders `pairs` holds the full pair encodings."""
-
-    query: list[int]
-    items: list[list[int]]
-    pairs: list[tuple[list[int], list[int]]] = field(default_factory=list)  # (ids, token types)
 
 
 @dataclass
@@ -30,43 +21,39 @@ class ScorePlan:
     multi_item: bool
 
 
-def _vocab_check(model: ScoringModel, sequences: list[list[int]], field_name: str) -> None:
-    size = model.model.get_input_embeddings().num_embeddings
-    for seq in sequences:
-        for token in seq:
-            if not 0 <= token < size:
-                raise BadRequest(f"{field_name}: token id {token} is out of range [0, {size})")
+def length_rules(request: ScoreRequest) -> LengthRules:
+    return LengthRules(truncate=request.truncate, direction=Direction(request.truncation_direction),
+                       max_item_tokens=request.max_tokens_per_item)
 
 
-def tokenize(model: ScoringModel, request: ScoreRequest) -> Tokenized:
-    items = request.item_list
-    if isinstance(request.query, list):  # token ids are used verbatim
-        token_items = [list(item) for item in items]  # type: ignore[arg-type]
-        _vocab_check(model, [request.query], "query")
-        _vocab_check(model, token_items, "items")
-        pairs = []
-        if model.kind == ModelKind.CROSS_ENCODER:
-            for item in token_items:
-                first, second = (item, request.query) if request.item_first else (request.query, item)
-                pairs.append((first + second, [0] * len(first) + [1] * len(second)))
-        return Tokenized(list(request.query), token_items, pairs)
-    tok = model.tokenizer
-    texts: list[str] = list(items)  # type: ignore[arg-type]
-    if model.kind == ModelKind.CROSS_ENCODER:
-        firsts, seconds = (texts, [request.query] * len(texts)) if request.item_first else (
-            [request.query] * len(texts), texts)
-        encoded = tok(firsts, seconds, return_token_type_ids=True) if texts else {"input_ids": []}
-        types = encoded.get("token_type_ids") or [[0] * len(ids) for ids in encoded["input_ids"]]
-        return Tokenized([], [], list(zip(encoded["input_ids"], types, strict=True)))
-    if model.kind == ModelKind.EMBEDDING:
-        encoded = tok([request.query, *texts])["input_ids"]
-        return Tokenized(encoded[0], encoded[1:])
-    # Decoders: the tokenizer's specials where it puts them for the joined text (BOS first, EOS last).
-    specials = model.specials
-    first, second = (texts, [request.query]) if request.item_first else ([request.query], texts)
-    lead = [specials.prefix + ids for ids in tok(first, add_special_tokens=False)["input_ids"]] if first else []
-    tail = [ids + specials.suffix for ids in tok(second, add_special_tokens=False)["input_ids"]] if second else []
-    return Tokenized(tail[0], lead) if request.item_first else Tokenized(lead[0], tail)
+def _check_prompt(model: ScoringModel, request: ScoreRequest, text: bool) -> None:
+    """`instruct` fills the server's prompt template (decoder models only: refused at start-up for others), which
+    wraps text pairs only."""
+    template = model.template
+    if template is not None and text and request.item_first:
+        raise BadRequest("item_first: this server's prompt template (--prompt-template) places the item itself")
+    if request.instruct is None:
+        return
+    if template is None:
+        raise BadRequest("instruct: this server has no prompt template (--prompt-template) to put it in")
+    if not text:
+        raise BadRequest("instruct: token-id inputs are used verbatim, without the prompt template; send text")
+    if not template.has_instruct:
+        raise BadRequest(f"instruct: the prompt template {template.name} has no {{instruct}}")
+
+
+def tokenize(model: ScoringModel, request: ScoreRequest, rules: LengthRules | None = None) -> Tokenized:
+    """The request's sequences: text pairs of a decoder through the server's prompt template when it has one
+    (token ids are always used verbatim), everything else joined at token level."""
+    rules = rules or length_rules(request)
+    text = isinstance(request.query, str)
+    _check_prompt(model, request, text)
+    if model.template is not None and text:
+        return template_encoding.encode(model, model.template, request.query, request.item_list,  # type: ignore[arg-type]
+                                        request.instruct, rules)
+    inputs = plain_tokens(model, request.query, request.item_list, rules.field)  # type: ignore[arg-type]
+    inputs.item_first = request.item_first
+    return encode(model, inputs, rules)
 
 
 def _too_long(model: ScoringModel, length: int, what: str) -> None:
@@ -81,24 +68,16 @@ def _pooled(pooling: Pooling, length: int) -> range:
     return {Pooling.CLS: range(1), Pooling.MEAN: range(length), Pooling.LAST: range(length - 1, length)}[pooling]
 
 
-def _admit(planned: int, limit: int | None, how: str) -> None:
+def _admit(planned: int, limit: int | None, how: str, field: str) -> None:
     """The `--max-request-tokens` check, on the planned count, before any unit is built (so a request over it costs
     a pass over its lengths, never the tokens it would plan)."""
     if limit is not None and planned > limit:
-        raise RequestTooLarge(f"items: the request would run {planned} tokens through the model ({how}), over this "
+        raise RequestTooLarge(f"{field}: the request would run {planned} tokens through the model ({how}), over this "
                               f"server's limit of {limit} (--max-request-tokens); split it into smaller requests")
 
 
-def admit_pairs(model: ScoringModel, request: ScoreRequest, max_request_tokens: int | None) -> None:
-    """Cross-encoders encode every (query, item) pair during tokenization, i.e. items × query tokens before `plan`
-    can check anything: refuse a request whose query alone, repeated per item, is already over the limit (one
-    pass over the query)."""
-    items = request.item_list
-    if model.kind != ModelKind.CROSS_ENCODER or not items or max_request_tokens is None:
-        return
-    query = request.query if isinstance(request.query, list) else \
-        model.tokenizer(request.query, add_special_tokens=False)["input_ids"]
-    _admit(len(items) * len(query or []), max_request_tokens, "the query is repeated for every item")
+def _where(tokens: Tokenized, row: int) -> str:
+    return f"{tokens.field}[{tokens.rows_of[row]}]"
 
 
 def _mis_chunks(context: int, rows: list[int], max_batch_tokens: int) -> list[range]:
@@ -117,39 +96,48 @@ def _mis_chunks(context: int, rows: list[int], max_batch_tokens: int) -> list[ra
 
 
 def plan(model: ScoringModel, request: ScoreRequest, tokens: Tokenized, job: object, multi_item: bool,
-         max_batch_tokens: int, delimiter: int | None, max_request_tokens: int | None = None) -> ScorePlan:
-    """Pack units for one request; `job` is stored in each Pool's owner as (job, item index). Lengths are checked
-    and the planned tokens admitted (`max_request_tokens`) before any unit is built."""
-    start = model.position_start
+         max_batch_tokens: int, delimiter: int | None, max_request_tokens: int | None = None,
+         query_row: bool = True) -> ScorePlan:
+    """Pack units for one request; `job` is stored in each Pool's owner as (job, row index). Lengths are checked
+    and the planned tokens admitted (`max_request_tokens`) before any unit is built. `query_row`: embedding models
+    embed the query too (False: the items alone, /v1/embeddings)."""
+    start, field = model.position_start, tokens.field
     if model.kind == ModelKind.CROSS_ENCODER:
-        for i, (ids, _) in enumerate(tokens.pairs):
-            _too_long(model, len(ids), f"items[{i}]")
-        planned = sum(len(ids) for ids, _ in tokens.pairs)
-        _admit(planned, max_request_tokens, "the query is repeated for every item")
-        units = [PackUnit(ids, token_types=types if model.uses_token_types else None, position_start=start,
-                          pools=[Pool(_pooled(model.pooling, len(ids)), (job, i))])
-                 for i, (ids, types) in enumerate(tokens.pairs)]
+        pair = tokens.pair
+        assert pair is not None
+        lengths = [pair.overhead + len(tokens.query) + len(item) for item in tokens.items]
+        for row, length in enumerate(lengths):
+            _too_long(model, length, _where(tokens, row))
+        planned = sum(lengths)
+        _admit(planned, max_request_tokens, "the query is repeated for every item", field)
+        units = []
+        for row, (item, length) in enumerate(zip(tokens.items, lengths, strict=True)):
+            ids, types = pair.join(item, tokens.query) if request.item_first else pair.join(tokens.query, item)
+            units.append(PackUnit(ids, token_types=types if model.uses_token_types else None, position_start=start,
+                                  pools=[Pool(_pooled(model.pooling, length), (job, row))]))
         return ScorePlan(units, planned, False)
     if model.kind == ModelKind.EMBEDDING:
-        sequences = [(QUERY_SLOT, tokens.query), *enumerate(tokens.items)]
+        sequences = [(QUERY_SLOT, tokens.query)] if query_row else []
+        sequences += enumerate(tokens.items)
         for slot, ids in sequences:
-            _too_long(model, len(ids), "query" if slot == QUERY_SLOT else f"items[{slot}]")
+            _too_long(model, len(ids), "query" if slot == QUERY_SLOT else _where(tokens, slot))
         planned = sum(len(ids) for _, ids in sequences)
-        _admit(planned, max_request_tokens, "the query and every item once")
+        _admit(planned, max_request_tokens, "the query and every item once" if query_row else "every input once",
+               field)
         units = [PackUnit(ids, position_start=start, pools=[Pool(_pooled(model.pooling, len(ids)), (job, slot))])
                  for slot, ids in sequences]
         return ScorePlan(units, planned, False)
     query = tokens.query
-    for i, item in enumerate(tokens.items):
-        _too_long(model, len(query) + len(item), f"items[{i}]")
+    for row, item in enumerate(tokens.items):
+        _too_long(model, len(query) + len(item), _where(tokens, row))
     if multi_item and not request.item_first:
         return _plan_multi_item(model, tokens, job, max_batch_tokens, delimiter, max_request_tokens)
     planned = len(tokens.items) * len(query) + sum(len(item) for item in tokens.items)
-    _admit(planned, max_request_tokens, "the query is repeated for every item")
+    _admit(planned, max_request_tokens, "the query is repeated for every item", field)
     units = []
-    for i, item in enumerate(tokens.items):
+    for row, item in enumerate(tokens.items):
         ids = item + query if request.item_first else query + item
-        units.append(PackUnit(ids, position_start=start, pools=[Pool(range(len(ids) - 1, len(ids)), (job, i))]))
+        units.append(PackUnit(ids, position_start=start, pools=[Pool(range(len(ids) - 1, len(ids)), (job, row))]))
     return ScorePlan(units, planned, False)
 
 
@@ -163,7 +151,8 @@ def _plan_multi_item(model: ScoringModel, tokens: Tokenized, job: object, max_ba
     rows = [len(item) + len(tail) for item in tokens.items]
     chunks = _mis_chunks(len(context), rows, max_batch_tokens)
     planned = len(chunks) * len(context) + sum(rows)
-    _admit(planned, max_request_tokens, f"the query is repeated in each of {len(chunks)} multi-item chunks")
+    _admit(planned, max_request_tokens, f"the query is repeated in each of {len(chunks)} multi-item chunks",
+           tokens.field)
     units: list[PackUnit] = []
     for chunk in chunks:
         unit = PackUnit(list(context), visible_prefix=len(query), position_start=model.position_start)

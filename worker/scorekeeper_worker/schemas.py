@@ -1,4 +1,5 @@
-"""HTTP contract: pydantic models for /v1/score (SGLang-compatible superset) and /v1/rerank (Cohere/Jina shape).
+"""HTTP contract: pydantic models for /v1/score (SGLang-compatible superset); /v1/rerank and /v1/embeddings:
+schemas_compat.py.
 
 Requests are validated strictly (score-api.md, "Every error has one shape"): `true` is not 1, `"1"` is not 1, `1.5`
 is not a token id (`1.0` is one, as JSON Schema reads it), non-finite numbers and integers beyond 2**53 are refused,
@@ -37,7 +38,7 @@ def _valid_text(value: str) -> str:
     return value
 
 
-def _integral(value: Any) -> Any:
+def integral(value: Any) -> Any:
     """A number with no fractional part is an integer in JSON Schema (the OpenAPI document's language): 2.0 → 2."""
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
@@ -62,7 +63,7 @@ def _label_shape(value: Any) -> str | None:
 
 
 Text = Annotated[str, AfterValidator(_valid_text)]
-TokenId = Annotated[int, Field(ge=0, le=MAX_INT), BeforeValidator(_integral)]
+TokenId = Annotated[int, Field(ge=0, le=MAX_INT), BeforeValidator(integral)]
 TokenIds = list[TokenId]
 Query = Annotated[
     Annotated[Text, Tag("<text>")] | Annotated[TokenIds, Tag("<list>")],
@@ -81,6 +82,11 @@ LabelTokenIds = Annotated[
                   custom_error_message="Input should be a list of token ids, or one such list per item"),
 ]
 Temperature = Annotated[float, Field(gt=0)]
+Count = Annotated[int, Field(ge=1, le=MAX_INT), BeforeValidator(integral)]
+TruncationDirection = Literal["left", "right"]
+INSTRUCT_HELP = "fills {instruct} of the server's prompt template (--prompt-template); text inputs only"
+TRUNCATE_HELP = ("cut what does not fit the model's maximum: the item, or the query only if it alone cannot fit "
+                 "(false: such a request is a 400)")
 
 
 def _score_schema(schema: dict[str, Any]) -> None:
@@ -89,7 +95,8 @@ def _score_schema(schema: dict[str, Any]) -> None:
     text = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
     schema["anyOf"] = [
         {"properties": {"query": {"type": ["string", "null"]}, "items": text}},
-        {"properties": {"query": {"type": ["array", "null"]}, "items": {"type": "array", "items": {"type": "array"}}}},
+        {"properties": {"query": {"type": ["array", "null"]}, "items": {"type": "array", "items": {"type": "array"}},
+                        "instruct": {"type": "null"}}},  # token ids are verbatim: no template to fill
     ]
     schema["if"] = {"required": ["temperature"], "properties": {"temperature": {"not": {"const": 1}}}}
     schema["then"] = {"required": ["apply_softmax"], "properties": {"apply_softmax": {"const": True}}}
@@ -111,6 +118,11 @@ class ScoreRequest(BaseModel):
     temperature: Temperature = Field(1.0, description="≠ 1 requires apply_softmax")
     multi_item_scoring: bool | None = Field(
         None, description="per-request override of the server's multi-item scoring (decoder models)")
+    instruct: Text | None = Field(None, description=INSTRUCT_HELP)
+    truncate: bool = Field(False, description=TRUNCATE_HELP)
+    truncation_direction: TruncationDirection = Field("right", description="which end of an item is cut")
+    max_tokens_per_item: Count | None = Field(
+        None, description="cut every item to this many tokens (before special tokens and the prompt template)")
 
     @model_validator(mode="before")
     @classmethod
@@ -151,28 +163,6 @@ class ScoreResponse(BaseModel):
     model: str
     usage: Usage
     object: Literal["scoring"] = "scoring"
-
-
-class RerankRequest(BaseModel):
-    model_config = STRICT
-
-    query: Text
-    documents: list[Text]
-    model: Text = "default"
-    top_n: Annotated[int, Field(ge=1, le=MAX_INT), BeforeValidator(_integral)] | None = None
-    return_documents: bool = False
-
-
-class RerankResult(BaseModel):
-    index: int
-    relevance_score: float
-    document: dict[str, str] | None = None
-
-
-class RerankResponse(BaseModel):
-    model: str
-    results: list[RerankResult]
-    usage: Usage
 
 
 class ModelCard(BaseModel):

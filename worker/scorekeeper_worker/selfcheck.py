@@ -6,7 +6,12 @@ run as ONE packed batch through the real path: tokenize → plan → Executor (C
 heads. The reference runs each sequence alone through the model's own forward with transformers' eager attention
 (the same module, switched for the pass: the weights are never loaded twice). Deviation is the largest score
 difference relative to max(1, largest reference score); above the dtype's tolerance the worker refuses to start.
-Without the check (`--no-self-check`) the engine pass still runs: it is the warm-up."""
+Without the check (`--no-self-check`) the engine pass still runs: it is the warm-up.
+
+With a prompt template (--prompt-template), a text request through the template is checked too, in a batch of its
+own, single-item and (with multi-item scoring on) multi-item, against transformers on each fully rendered prompt,
+`tokenizer(prompt)`: it proves the template's tokenization rule (template_encoding.py) on the model's own
+tokenizer."""
 
 from __future__ import annotations
 
@@ -36,6 +41,10 @@ TOLERANCE = {torch.float32: 5e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 _SHAPES = ((12, (1, 7, 30)), (3, (18, 5)))
 _WINDOW_PROBE_LIMIT = 512  # a window up to this long gets a sequence that crosses it on both sides
 _LABELS = 4  # causal LMs: scored on the reference's top tokens, where a deviation shows most
+# The template probe: items that start where the template's item text begins (no leading space, so the tokenizer
+# merges across the seam), one of them empty.
+TEMPLATE_QUERY = "What is the capital of France?"
+TEMPLATE_ITEMS = ("The capital of France is Paris.", "", "Berlin is a large city; the dog likes to run in the park.")
 
 
 Rows = list[list[list[float]]]  # per probe, per item: the item's scores
@@ -183,6 +192,40 @@ def reference_scores(model: ScoringModel, probe_set: list[Probe]) -> tuple[Rows,
     return scores, labels
 
 
+def _template_rows(model: ScoringModel, executor: Executor, multi_item: bool) -> tuple[Rows, Rows]:
+    """(engine, reference) rows of the template probe: a text request through the template, single-item and, with
+    multi-item scoring, multi-item; the reference is each rendered prompt's `tokenizer(prompt)` alone."""
+    template = model.template
+    assert template is not None
+    causal = model.kind == ModelKind.CAUSAL_LM
+    reference: Rows = []
+    labels: list[list[int]] = []
+    with _eager_attention(model), torch.inference_mode():
+        for item in TEMPLATE_ITEMS:
+            ids = list(model.tokenizer(template.render(TEMPLATE_QUERY, item, None))["input_ids"])
+            out = _forward(model, ids)
+            if causal:
+                labels.append(out.topk(_LABELS).indices.tolist())
+                out = torch.softmax(out[labels[-1]], dim=-1)
+            reference.append(out.tolist())
+    request = ScoreRequest(query=TEMPLATE_QUERY, items=list(TEMPLATE_ITEMS), apply_softmax=causal,
+                           label_token_ids=labels if causal else None)
+    engine: Rows = []
+    loop = asyncio.new_event_loop()
+    try:
+        for multi in sorted({False, multi_item}):
+            job = ScoreJob(num_items=len(TEMPLATE_ITEMS), apply_softmax=causal, temperature=1.0,
+                           labels=labels if causal else None, want_pooled=False, prompt_tokens=0, multi_item=multi,
+                           future=loop.create_future(), loop=loop)
+            units = plan(model, request, tokenize(model, request), job, multi, 1 << 30, None).units
+            job.remaining = sum(len(unit.pools) for unit in units)
+            executor.run(units)
+            engine.append([list(row or []) for row in job.scores])
+    finally:
+        loop.close()
+    return engine, [reference] * len(engine)
+
+
 def deviation(engine: Rows, reference: Rows) -> float:
     """max |engine - reference| / max(1, max |reference|) over every score; infinite if any score is not finite
     (a model that overflows cannot be served either way)."""
@@ -206,6 +249,9 @@ def run(model: ScoringModel, executor: Executor, *, check: bool, max_batch_token
         labels = [[[0, 1]] * len(p.items) if model.kind == ModelKind.CAUSAL_LM else None for p in probe_set]
     referenced = time.perf_counter()
     engine, tokens = engine_scores(model, executor, probe_set, labels, max_batch_tokens, delimiter)
+    if model.template is not None and check:
+        template_engine, template_reference = _template_rows(model, executor, multi_item)
+        engine, reference = engine + template_engine, reference + template_reference
     result = SelfCheckResult(deviation(engine, reference) if check else None, TOLERANCE[model.dtype],
                              sum(len(p.items) for p in probe_set), tokens, time.perf_counter() - referenced,
                              referenced - started)

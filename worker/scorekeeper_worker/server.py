@@ -25,11 +25,13 @@ from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
-from scorekeeper_worker.auth import PROTECTED_PREFIX, ApiKeyAuth, ApiKeys
+from scorekeeper_worker.auth import ApiKeyAuth, ApiKeys, is_protected
 from scorekeeper_worker.body_limit import BodyLimit
 from scorekeeper_worker.config import WorkerConfig
 from scorekeeper_worker.disconnect import cancel_on_disconnect
 from scorekeeper_worker.drain import Drain, DrainingServer
+from scorekeeper_worker.embeddings import embed
+from scorekeeper_worker.embeddings import response as embedding_response
 from scorekeeper_worker.errors import NotReady, error_responses
 from scorekeeper_worker.json_body import JSONRoute
 from scorekeeper_worker.logs import install_request_ids, uvicorn_log_config
@@ -37,15 +39,8 @@ from scorekeeper_worker.metrics import WorkerMetrics
 from scorekeeper_worker.metrics_server import MetricsServer
 from scorekeeper_worker.request_context import ErrorReporter, RequestContext
 from scorekeeper_worker.rerank import rerank
-from scorekeeper_worker.schemas import (
-    ModelCard,
-    ModelList,
-    RerankRequest,
-    RerankResponse,
-    ScoreRequest,
-    ScoreResponse,
-    Status,
-)
+from scorekeeper_worker.schemas import ModelCard, ModelList, ScoreRequest, ScoreResponse, Status
+from scorekeeper_worker.schemas_compat import EmbeddingRequest, EmbeddingResponse, RerankRequest, RerankResponse
 from scorekeeper_worker.service import ScoringService
 from scorekeeper_worker.termination import EXIT_LOAD_FAILED, failure_reason, write_termination_message
 
@@ -72,7 +67,7 @@ def _openapi(app: FastAPI, secured: bool) -> dict[str, Any]:
                 operation["responses"].pop("422", None)
                 for response in operation["responses"].values():
                     response["headers"] = {**response.get("headers", {}), **REQUEST_ID_HEADER}
-                if secured and path.startswith(PROTECTED_PREFIX):
+                if secured and is_protected(path):
                     operation["security"] = [{"bearer": []}]
         app.openapi_schema = schema
     return app.openapi_schema
@@ -145,9 +140,19 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
         metrics.stage_seconds.labels("serialize").observe(time.perf_counter() - started)
         return Response(content, media_type="application/json")
 
+    # /v2/rerank: the path Cohere's v2 clients post to (vLLM serves it too); the same route.
     @app.post("/v1/rerank", response_model=RerankResponse, responses=scoring_errors)
+    @app.post("/v2/rerank", response_model=RerankResponse, responses=scoring_errors)
     async def rerank_route(body: RerankRequest, http: Request) -> Response:
         response = await cancel_on_disconnect(rerank(service, body), http.receive)
+        # Cohere and Jina leave out what was not asked for (a result's document, an id the document did not have).
+        content = await asyncio.to_thread(response.model_dump_json, exclude_none=True)
+        return Response(content, media_type="application/json")
+
+    @app.post("/v1/embeddings", response_model=EmbeddingResponse, responses=scoring_errors)
+    async def embeddings_route(body: EmbeddingRequest, http: Request) -> Response:
+        vectors, prompt_tokens = await cancel_on_disconnect(embed(service, body), http.receive)
+        response = await asyncio.to_thread(embedding_response, body, vectors, prompt_tokens)
         return Response(await asyncio.to_thread(response.model_dump_json), media_type="application/json")
 
     @app.get("/v1/models", response_model=ModelList, responses=error_responses(*v1, *ANY_ROUTE))

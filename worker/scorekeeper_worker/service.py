@@ -6,22 +6,28 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import TypeVar
 
 from scorekeeper_worker import selfcheck
 from scorekeeper_worker.attention import LayoutKind
 from scorekeeper_worker.attention_flex import resolve_backend
 from scorekeeper_worker.config import PooledHiddenStates, WorkerConfig
 from scorekeeper_worker.cuda_graphs import GraphRunner
+from scorekeeper_worker.encoding import LengthRules, encode, plain_tokens
 from scorekeeper_worker.errors import NonFiniteScore, NotReady, RequestTimedOut, ResponseTooLarge
 from scorekeeper_worker.executor import Executor
 from scorekeeper_worker.jobs import JobResult, ScoreJob
 from scorekeeper_worker.loader import ModelKind, ScoringModel, load_model
 from scorekeeper_worker.metrics import WorkerMetrics
-from scorekeeper_worker.planning import ScorePlan, admit_pairs, plan, tokenize
+from scorekeeper_worker.planning import ScorePlan, plan, tokenize
+from scorekeeper_worker.prompt_template import load_template, resolve_label_tokens
 from scorekeeper_worker.scheduler import Scheduler
 from scorekeeper_worker.schemas import BadRequest, ScoreRequest, ScoreResponse, Usage
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 # An upper bound of the JSON a response takes: the longest float Python writes ("-1.2345678901234567e-308") and its
@@ -33,12 +39,24 @@ JSON_ESCAPE_BYTES = 6
 RESPONSE_OVERHEAD_BYTES = 1024
 
 
+@dataclass
+class Scored:
+    """A request's score rows (one per scored sequence: an item, or a window of a chunked document), the request
+    item behind each row, and the tokens that ran."""
+
+    rows: list[list[float]]
+    pooled: list[list[float]] | None
+    rows_of: list[int]
+    prompt_tokens: int
+    multi_item: bool
+
+
 def _label_lists(model: ScoringModel, request: ScoreRequest, num_items: int) -> list[list[int]] | None:
     if model.kind != ModelKind.CAUSAL_LM:
         return None  # ignored for classifier, reward, cross-encoder and embedding models (SGLang does the same)
-    labels = request.label_token_ids
+    labels = request.label_token_ids if request.label_token_ids is not None else model.default_labels
     if labels is None:
-        raise BadRequest("label_token_ids is required for causal LM models")
+        raise BadRequest("label_token_ids is required for causal LM models (this server has no --label-tokens)")
     per_item = bool(labels) and isinstance(labels[0], list)
     lists: list[list[int]] = labels if per_item else [labels] * num_items  # type: ignore[list-item,assignment]
     if per_item and len(lists) != num_items:
@@ -56,26 +74,26 @@ def _label_lists(model: ScoringModel, request: ScoreRequest, num_items: int) -> 
 
 
 def _check_response_bytes(model: ScoringModel, request: ScoreRequest, labels: list[list[int]] | None,
-                          limit: int) -> None:
+                          limit: int, embed: bool) -> None:
     """`--max-response-bytes`, before any work: an upper bound of the JSON response from the request's shape."""
     items = len(request.item_list)
     scores = sum(len(row) for row in labels) if labels is not None else \
         items * (1 if model.kind == ModelKind.EMBEDDING else model.logit_size)
-    pooled = items * model.hidden_size if request.return_pooled_hidden_states else 0
+    pooled = items * model.hidden_size if request.return_pooled_hidden_states or embed else 0
     bound = (RESPONSE_OVERHEAD_BYTES + JSON_ESCAPE_BYTES * len(request.model) + items * JSON_ITEM_BYTES
              + (scores + pooled) * JSON_FLOAT_BYTES)
     if bound > limit:
-        field = "return_pooled_hidden_states" if pooled else "label_token_ids" if labels is not None else "items"
+        field = "input" if embed else "return_pooled_hidden_states" if pooled else \
+            "label_token_ids" if labels is not None else "items"
         what = f"{items} items × {model.hidden_size} pooled floats" if pooled else f"{scores} scores"
         raise ResponseTooLarge(f"{field}: the response could reach {bound} bytes ({what}), over this server's "
                                f"limit of {limit} (--max-response-bytes); ask for fewer items per request")
 
 
-def _response(request: ScoreRequest, result: JobResult) -> ScoreResponse:
+def _response(request: ScoreRequest, scored: Scored) -> ScoreResponse:
     """The response model (validates every float: a worker thread for large responses)."""
-    usage = Usage(prompt_tokens=result.prompt_tokens, total_tokens=result.prompt_tokens)
-    return ScoreResponse(scores=result.scores, pooled_hidden_states=result.pooled_hidden_states,
-                         model=request.model, usage=usage)
+    usage = Usage(prompt_tokens=scored.prompt_tokens, total_tokens=scored.prompt_tokens)
+    return ScoreResponse(scores=scored.rows, pooled_hidden_states=scored.pooled, model=request.model, usage=usage)
 
 
 class ScoringService:
@@ -94,6 +112,7 @@ class ScoringService:
         started = time.perf_counter()
         config = self.config
         model = load_model(config.model, config.dtype, config.device.value, config.name)
+        self._prompt(model)
         delimiter = config.multi_item_scoring_delimiter
         if delimiter is not None and delimiter >= model.model.get_input_embeddings().num_embeddings:
             raise ValueError(f"--multi-item-scoring-delimiter {delimiter} is outside the vocabulary "
@@ -124,6 +143,29 @@ class ScoringService:
         self.metrics.ready.set(1)
         log.info("ready: %s", model.name)
 
+    def _prompt(self, model: ScoringModel) -> None:
+        """--prompt-template and --label-tokens, resolved once with the model's tokenizer (or refused: the worker
+        does not start with a prompt that cannot apply, or a label that is not one token)."""
+        config = self.config
+        template = load_template(config.prompt_template) if config.prompt_template is not None else None
+        if template is not None and not model.is_decoder:
+            raise ValueError(f"--prompt-template {template.name}: a prompt template wraps (query, item) pairs for "
+                             "decoder models (causal LMs and decoder classifiers); this model is a "
+                             f"{model.kind.value}")
+        labels, source = config.label_tokens, "--label-tokens"
+        if labels is None and template is not None and model.kind == ModelKind.CAUSAL_LM and template.label_tokens:
+            labels, source = template.label_tokens, f"the {template.name} template's label tokens (--label-tokens)"
+        if labels is not None and model.kind != ModelKind.CAUSAL_LM:
+            raise ValueError(f"--label-tokens: label tokens are read from a causal LM's next-token logits; this "
+                             f"model is a {model.kind.value}, whose own head gives its scores")
+        model.template = template
+        if labels is not None:
+            model.default_labels = resolve_label_tokens(model.tokenizer, labels, source, model.logit_size)
+        if template is not None or labels is not None:
+            log.info("prompt template %s (shared prefix %r, per item {item}%r); label tokens %s = %s",
+                     template.name if template else None, "".join(template.head) if template else "",
+                     template.tail if template else "", list(labels or []), model.default_labels)
+
     def _executor(self, model: ScoringModel) -> Executor:
         """Attention backend and, with --cuda-graph, the graph buckets (captured here, before the model thread
         starts: nothing else may use the GPU during a capture)."""
@@ -142,29 +184,37 @@ class ScoringService:
         return Executor(model, backend, graphs)
 
     async def score(self, request: ScoreRequest) -> ScoreResponse:
-        """Score one request. On the event loop only O(1) work per request: checks, tokenization, planning and
-        the response model run in a worker thread. Cancelling the calling task (client gone) or the timeout drops
-        the request's queued work."""
+        """POST /v1/score: one row per item."""
+        scored = await self.run(request)
+        return await asyncio.to_thread(_response, request, scored)
+
+    async def run(self, request: ScoreRequest, rules: LengthRules | None = None, embed: bool = False) -> Scored:
+        """Score one request (`embed`: the items' embeddings, as pooled rows). On the event loop only O(1) work per
+        request: checks, tokenization and planning run in a worker thread. Cancelling the calling task (client
+        gone) or the timeout drops the request's queued work."""
         if self.model is None or self.scheduler is None:
             raise NotReady("model is loading")
+        return await self._bounded(self._run(self.model, self.scheduler, request, rules, embed))
+
+    async def _bounded(self, work: Awaitable[T]) -> T:
         timeout = self.config.request_timeout_seconds
         try:
             async with asyncio.timeout(timeout) as deadline:
-                return await self._score(self.model, self.scheduler, request)
+                return await work
         except TimeoutError:
             if not deadline.expired():
                 raise
             raise RequestTimedOut(f"the request did not finish within {timeout:g} s (--request-timeout-seconds); "
                                   "its remaining work was dropped") from None
 
-    async def _score(self, model: ScoringModel, scheduler: Scheduler, request: ScoreRequest) -> ScoreResponse:
+    async def _run(self, model: ScoringModel, scheduler: Scheduler, request: ScoreRequest,
+                   rules: LengthRules | None, embed: bool) -> Scored:
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        prepared = await asyncio.to_thread(self._prepare, model, request, loop.create_future(), loop)
+        prepared = await asyncio.to_thread(self._prepare, model, request, rules, embed, loop.create_future(), loop)
         if prepared is None:
-            return ScoreResponse(scores=[], model=request.model, usage=Usage(prompt_tokens=0, total_tokens=0),
-                                 pooled_hidden_states=[] if request.return_pooled_hidden_states else None)
-        job, score_plan = prepared
+            return Scored([], [] if request.return_pooled_hidden_states or embed else None, [], 0, False)
+        job, score_plan, rows_of = prepared
         self.metrics.stage_seconds.labels("tokenize").observe(time.perf_counter() - started)
         queued = scheduler.submit(job, score_plan.units, score_plan.prompt_tokens)
         try:
@@ -172,7 +222,8 @@ class ScoringService:
         except BaseException:  # cancelled, timed out or failed: nothing of it may stay queued
             scheduler.cancel(queued)
             raise
-        if not all(math.isfinite(score) for row in result.scores for score in row):
+        finite = [result.scores] if not embed else [result.pooled_hidden_states or []]
+        if not all(math.isfinite(value) for rows in finite for row in rows for value in row):
             # Never a NaN or inf in a 200 (the heads keep finite logits finite; this catches a model that overflowed).
             raise NonFiniteScore("the model produced a non-finite score for this request (numeric overflow in "
                                  f"{str(model.dtype).removeprefix('torch.')}); no scores are returned")
@@ -180,16 +231,18 @@ class ScoringService:
         self.metrics.items.labels(mode).inc(job.num_items)
         self.metrics.score_requests.labels(mode).inc()
         self.metrics.prompt_tokens.inc(result.prompt_tokens)
-        return await asyncio.to_thread(_response, request, result)
+        return Scored(result.scores, result.pooled_hidden_states, rows_of, result.prompt_tokens, result.multi_item)
 
-    def _prepare(self, model: ScoringModel, request: ScoreRequest, future: asyncio.Future[JobResult],
-                 loop: asyncio.AbstractEventLoop) -> tuple[ScoreJob, ScorePlan] | None:
-        """Checks, tokenization and planning (a worker thread): the job and its plan, or None for no items.
-        Every limit is checked before the work it bounds."""
+    def _prepare(self, model: ScoringModel, request: ScoreRequest, rules: LengthRules | None, embed: bool,
+                 future: asyncio.Future[JobResult], loop: asyncio.AbstractEventLoop
+                 ) -> tuple[ScoreJob, ScorePlan, list[int]] | None:
+        """Checks, tokenization and planning (a worker thread): the job, its plan and the request item of each
+        scored row, or None for no items. Every limit is checked before the work it bounds."""
         config = self.config
         items = request.item_list
         if len(items) > config.max_items_per_request:
-            raise BadRequest(f"items: {len(items)} items exceed the limit of {config.max_items_per_request}")
+            field = rules.field if rules is not None else "input" if embed else "items"
+            raise BadRequest(f"{field}: {len(items)} items exceed the limit of {config.max_items_per_request}")
         labels = _label_lists(model, request, len(items))
         if request.return_pooled_hidden_states:
             if model.kind == ModelKind.CAUSAL_LM:
@@ -197,23 +250,28 @@ class ScoringService:
                                  "model with a task head (classifier, reward, cross-encoder) or an embedding model")
             if config.pooled_hidden_states == PooledHiddenStates.FORBIDDEN:
                 raise BadRequest("return_pooled_hidden_states is disabled on this server")
-        _check_response_bytes(model, request, labels, config.max_response_bytes)
+        _check_response_bytes(model, request, labels, config.max_response_bytes, embed)
         if request.return_pooled_hidden_states:
             self.metrics.hidden_requests.inc()
         if not items:
             return None
-        admit_pairs(model, request, config.max_request_tokens)
-        tokens = tokenize(model, request)
+        if embed:  # each input alone, no query
+            tokens = encode(model, plain_tokens(model, request.query, items, "input"),  # type: ignore[arg-type]
+                            rules or LengthRules(field="input"))
+        else:
+            tokens = tokenize(model, request, rules)
         multi_item = model.is_decoder and (request.multi_item_scoring if request.multi_item_scoring is not None
                                            else config.mis_enabled)
-        job = ScoreJob(num_items=len(items), apply_softmax=request.apply_softmax, temperature=request.temperature,
-                       labels=labels, want_pooled=request.return_pooled_hidden_states, prompt_tokens=0,
-                       multi_item=False, future=future, loop=loop)
+        job = ScoreJob(num_items=len(tokens.items), apply_softmax=request.apply_softmax,
+                       temperature=request.temperature, labels=None if labels is None else [
+                           labels[item] for item in tokens.rows_of],
+                       want_pooled=request.return_pooled_hidden_states or embed, prompt_tokens=0, multi_item=False,
+                       future=future, loop=loop, embed=embed)
         score_plan = plan(model, request, tokens, job, multi_item, config.max_batch_tokens,
-                          config.multi_item_scoring_delimiter, config.max_request_tokens)
+                          config.multi_item_scoring_delimiter, config.max_request_tokens, query_row=not embed)
         job.prompt_tokens, job.multi_item = score_plan.prompt_tokens, score_plan.multi_item
         job.remaining = sum(len(unit.pools) for unit in score_plan.units)
-        return job, score_plan
+        return job, score_plan, tokens.rows_of
 
     def stop(self) -> None:
         if self.scheduler is not None:
