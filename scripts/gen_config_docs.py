@@ -28,6 +28,7 @@ for source in (REPO / "worker", REPO / "operator"):  # importable without an ins
 import yaml  # noqa: E402
 from pydantic_core import PydanticUndefined  # noqa: E402
 from scorekeeper_operator import flags as operator_flags  # noqa: E402
+from scorekeeper_operator import worker_contract  # noqa: E402
 from scorekeeper_operator.spec import ScoringModel  # noqa: E402
 from scorekeeper_worker import cli  # noqa: E402
 from scorekeeper_worker.config import WorkerConfig  # noqa: E402
@@ -449,7 +450,7 @@ def render() -> str:
         flag, example = mapping.get(path, ("", ""))
         rows.append([code(path), _type(node), default, _constraints(node, required),
                      cell(node.get("description", "")), flag, example])
-    reserved = set(operator_flags.RESERVED_FLAGS)
+    reserved = set(worker_contract.RESERVED_FLAGS)
     free = [o for a in serve_parser()._actions for o in a.option_strings
             if a.dest != "help" and o not in reserved]
     lines += [
@@ -464,7 +465,7 @@ def render() -> str:
         "",
         *table(["field", "type", "default", "constraints", "description", "worker flag", "example"], rows),
         "",
-        "Always rendered, whatever the spec: `--config " + operator_flags.CONFIG_PATH + "` (the ConfigMap holding the",
+        "Always rendered, whatever the spec: `--config " + worker_contract.CONFIG_PATH + "` (the ConfigMap holding the",
         "same values as a file) and " + ", ".join(code(_rendered(k, _render(BASE_SPEC)[0][k])) for k in sorted(fixed))
         + ". Worker flags the operator never renders, and which `spec.extraArgs` may therefore set: "
         + ", ".join(code(f) for f in free) + ".",

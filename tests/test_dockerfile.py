@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
-from scorekeeper_operator import flags, settings
+from scorekeeper_operator import settings, worker_contract
 from scorekeeper_worker import model_files
 
 REPO = Path(__file__).resolve().parents[1]
@@ -235,13 +235,13 @@ def test_runs_as_the_non_root_user_the_chart_expects(target: str) -> None:
 def test_worker_entrypoint_volume_and_port() -> None:
     worker = STAGES["worker"]
     entrypoint = exec_form(worker.last("ENTRYPOINT"))
-    assert entrypoint == [flags.WORKER_COMMAND, "serve"]
-    assert PYPROJECT["project"]["scripts"][flags.WORKER_COMMAND] == "scorekeeper_worker.cli:main"
-    assert worker.values("VOLUME") == [flags.MODEL_MOUNT]  # where the operator mounts the weights
-    assert f"chown 10001:10001 {flags.MODEL_MOUNT}" in worker.run
-    assert worker.values("EXPOSE") == [str(flags.WORKER_PORT)]
+    assert entrypoint == [worker_contract.WORKER_COMMAND, "serve"]
+    assert PYPROJECT["project"]["scripts"][worker_contract.WORKER_COMMAND] == "scorekeeper_worker.cli:main"
+    assert worker.values("VOLUME") == [worker_contract.MODEL_MOUNT]  # where the operator mounts the weights
+    assert f"chown 10001:10001 {worker_contract.MODEL_MOUNT}" in worker.run
+    assert worker.values("EXPOSE") == [str(worker_contract.WORKER_PORT)]
     healthcheck = worker.last("HEALTHCHECK")
-    assert f"127.0.0.1:{flags.WORKER_PORT}/health" in healthcheck
+    assert f"127.0.0.1:{worker_contract.WORKER_PORT}/health" in healthcheck
 
 
 def test_worker_listens_on_every_interface_in_the_container() -> None:

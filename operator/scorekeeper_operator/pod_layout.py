@@ -6,7 +6,7 @@ spec.pod may add volumes, mounts, env and labels, but never one of the names bel
 
 from __future__ import annotations
 
-from scorekeeper_operator.flags import API_KEY_DIR, CONFIG_DIR, MODEL_MOUNT
+from scorekeeper_operator.worker_contract import API_KEY_DIR, CONFIG_DIR, MODEL_MOUNT
 
 # The worker image's user (Dockerfile: useradd --uid 10001 --gid 10001); numeric so runAsNonRoot can verify it.
 WORKER_UID = 10001

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from scorekeeper_operator import flags, render_children, render_optional, render_pod
+from scorekeeper_operator import flags, render_children, render_optional, render_pod, worker_contract
 from scorekeeper_operator.settings import OperatorSettings
 from scorekeeper_operator.spec import AutoscalerProvider, RolloutStrategy, ScoringModel
 
@@ -53,7 +53,7 @@ def selector_string(name: str) -> str:
 
 def endpoint(name: str, namespace: str) -> str:
     """The in-cluster URL of the Service (the CR name is also the Service name)."""
-    return f"http://{name}.{namespace}.svc:{flags.WORKER_PORT}"
+    return f"http://{name}.{namespace}.svc:{worker_contract.WORKER_PORT}"
 
 
 def owner_reference(model: ScoringModel) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from typing import Any
 
 import yaml
 
-from scorekeeper_operator import flags
+from scorekeeper_operator import flags, worker_contract
 from scorekeeper_operator.spec import ScoringModel
 
 # Exposed by the worker as a gauge; the Prometheus adapter must serve it as a Pods metric for the HPA.
@@ -24,7 +24,7 @@ def scaling_behavior() -> dict[str, Any]:
 
 def configmap(model: ScoringModel, meta: dict[str, Any]) -> dict[str, Any]:
     config = yaml.safe_dump(flags.worker_config(model), sort_keys=True)
-    data = {flags.CONFIG_FILE: config, **flags.config_files(model)}
+    data = {worker_contract.CONFIG_FILE: config, **flags.config_files(model)}
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
 
 
@@ -37,8 +37,8 @@ def service(meta: dict[str, Any], selector: dict[str, str]) -> dict[str, Any]:
             "type": "ClusterIP",
             "selector": selector,
             "ports": [
-                {"name": "http", "port": flags.WORKER_PORT, "targetPort": "http", "protocol": "TCP"},
-                {"name": "metrics", "port": flags.METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
+                {"name": "http", "port": worker_contract.WORKER_PORT, "targetPort": "http", "protocol": "TCP"},
+                {"name": "metrics", "port": worker_contract.METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
             ],
         },
     }

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from scorekeeper_operator import flags, pod_layout
+from scorekeeper_operator import pod_layout, worker_contract
 from scorekeeper_operator.quantity import quantity_bytes
 from scorekeeper_operator.settings import OperatorSettings
 from scorekeeper_operator.spec import ScoringModel
@@ -40,7 +40,7 @@ def model_volume(model: ScoringModel) -> tuple[list[dict[str, Any]], list[dict[s
         volume = {"name": "model", "emptyDir": {"sizeLimit": source.size_limit}}
     else:
         return [], []  # file:// lives in the image
-    return [volume], [{"name": "model", "mountPath": flags.MODEL_MOUNT, "readOnly": True}]
+    return [volume], [{"name": "model", "mountPath": worker_contract.MODEL_MOUNT, "readOnly": True}]
 
 
 def download_env(model: ScoringModel, settings: OperatorSettings) -> list[dict[str, Any]]:
@@ -51,7 +51,7 @@ def download_env(model: ScoringModel, settings: OperatorSettings) -> list[dict[s
     values = {
         "HF_REPO_ID": source.hf_repo,
         "HF_REVISION": commit,
-        "HF_TARGET": flags.hf_snapshot_dir(source.hf_repo, commit),
+        "HF_TARGET": worker_contract.hf_snapshot_dir(source.hf_repo, commit),
         "HF_SIZE_LIMIT_BYTES": str(quantity_bytes(source.size_limit)),
         "HF_ENDPOINT": settings.hf_endpoint,
         "HF_HUB_DISABLE_TELEMETRY": "1",
@@ -72,7 +72,7 @@ def download_init_container(model: ScoringModel, settings: OperatorSettings, ima
                             base: dict[str, Any]) -> dict[str, Any]:
     """`base` carries what the worker container shares with it: securityContext, resources without GPUs, and the
     user's env, envFrom and volumeMounts (a proxy or a CA bundle for an in-house Hub mirror)."""
-    mounts = [{"name": "model", "mountPath": flags.MODEL_MOUNT},
+    mounts = [{"name": "model", "mountPath": worker_contract.MODEL_MOUNT},
               {"name": "tmp", "mountPath": pod_layout.TMP_DIR}, {"name": "cache", "mountPath": pod_layout.CACHE_DIR},
               *base["volumeMounts"]]
     container: dict[str, Any] = {

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from scorekeeper_operator import flags, pod_layout
+from scorekeeper_operator import flags, pod_layout, worker_contract
 from scorekeeper_operator.quantity import quantity_bytes
 from scorekeeper_operator.render_download import (
     download_init_container,
@@ -62,19 +62,19 @@ def _resources(model: ScoringModel, *, gpus: bool = True) -> dict[str, Any]:
 
 
 def _api_key_volumes(model: ScoringModel) -> list[dict[str, Any]]:
-    # The Secret's key becomes the file flags.API_KEY_PATH. A whole-directory mount (never subPath), so a rotated
-    # Secret reaches the running worker, which re-reads the file when it changes.
+    # The Secret's key becomes the file worker_contract.API_KEY_PATH. A whole-directory mount (never subPath), so a
+    # rotated Secret reaches the running worker, which re-reads the file when it changes.
     ref = model.spec.auth.api_key_secret_ref
     if ref is None:
         return []
-    items = [{"key": ref.key, "path": flags.API_KEY_FILE}]
+    items = [{"key": ref.key, "path": worker_contract.API_KEY_FILE}]
     return [{"name": "api-keys", "secret": {"secretName": ref.name, "items": items}}]
 
 
 def _api_key_mounts(model: ScoringModel) -> list[dict[str, Any]]:
     if model.spec.auth.api_key_secret_ref is None:
         return []
-    return [{"name": "api-keys", "mountPath": flags.API_KEY_DIR, "readOnly": True}]
+    return [{"name": "api-keys", "mountPath": worker_contract.API_KEY_DIR, "readOnly": True}]
 
 
 def _container_security() -> dict[str, Any]:
@@ -101,10 +101,10 @@ def _worker_container(model: ScoringModel, image: str, model_mounts: list[dict[s
     container: dict[str, Any] = {
         "name": "worker",
         "image": image,
-        "command": [flags.WORKER_COMMAND],
+        "command": [worker_contract.WORKER_COMMAND],
         "args": flags.worker_args(model),
-        "ports": [{"name": "http", "containerPort": flags.WORKER_PORT, "protocol": "TCP"},
-                  {"name": "metrics", "containerPort": flags.METRICS_PORT, "protocol": "TCP"}],
+        "ports": [{"name": "http", "containerPort": worker_contract.WORKER_PORT, "protocol": "TCP"},
+                  {"name": "metrics", "containerPort": worker_contract.METRICS_PORT, "protocol": "TCP"}],
         "env": [*({"name": k, "value": v} for k, v in pod_layout.WORKER_ENV.items()), *user["env"]],
         "resources": _resources(model),
         # /ready turns true only once the model is loaded and warm; until then the startup probe holds off
@@ -113,7 +113,7 @@ def _worker_container(model: ScoringModel, image: str, model_mounts: list[dict[s
         "readinessProbe": _probe("/ready", 5, 3),
         "livenessProbe": _probe("/health", 15, 4),
         "volumeMounts": [
-            {"name": "config", "mountPath": flags.CONFIG_DIR, "readOnly": True},
+            {"name": "config", "mountPath": worker_contract.CONFIG_DIR, "readOnly": True},
             {"name": "shm", "mountPath": pod_layout.SHM_DIR},
             {"name": "tmp", "mountPath": pod_layout.TMP_DIR},
             {"name": "cache", "mountPath": pod_layout.CACHE_DIR},

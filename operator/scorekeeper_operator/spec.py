@@ -14,10 +14,10 @@ from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from scorekeeper_operator.flags import BUILTIN_PROMPT_TEMPLATES, RESERVED_FLAGS
 from scorekeeper_operator.quantity import QUANTITY_PATTERN
 from scorekeeper_operator.spec_base import Spec
 from scorekeeper_operator.spec_pod import NetworkPolicy, PodOptions
+from scorekeeper_operator.worker_contract import BUILTIN_PROMPT_TEMPLATES, RESERVED_FLAGS
 
 _URI = re.compile(r"^(?P<scheme>pvc|hf|file)://(?P<rest>.+)$")
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")

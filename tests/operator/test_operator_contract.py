@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from harness import scoring_model
-from scorekeeper_operator import flags
+from scorekeeper_operator import flags, worker_contract
 from scorekeeper_operator.render import render
 from scorekeeper_operator.settings import OperatorSettings
 from scorekeeper_operator.spec import ScoringModel
@@ -53,7 +53,7 @@ def rendered_for(spec: dict[str, Any]) -> tuple[ScoringModel, list[str], str]:
     assert deployment is not None and configmap is not None
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["scorekeeper-worker"]
-    return model, container["args"], configmap["data"][flags.CONFIG_FILE]
+    return model, container["args"], configmap["data"][worker_contract.CONFIG_FILE]
 
 
 def serve_help_flags() -> set[str]:
@@ -62,10 +62,10 @@ def serve_help_flags() -> set[str]:
 
 
 def with_config_file(args: list[str], config_text: str, tmp_path: Path) -> list[str]:
-    """The pod mounts the ConfigMap at flags.CONFIG_PATH; here the same text lives in a temporary file."""
-    config = tmp_path / flags.CONFIG_FILE
+    """The pod mounts the ConfigMap at worker_contract.CONFIG_PATH; here the same text lives in a temporary file."""
+    config = tmp_path / worker_contract.CONFIG_FILE
     config.write_text(config_text)
-    return [str(config) if arg == flags.CONFIG_PATH else arg for arg in args]
+    return [str(config) if arg == worker_contract.CONFIG_PATH else arg for arg in args]
 
 
 @pytest.mark.parametrize("name", SPECS)
@@ -86,7 +86,7 @@ def test_rendered_args_parse_to_the_intended_config(name: str, tmp_path: Path) -
     assert config.served_name == model.served_name
     assert config.dtype.value == spec.model.dtype.value
     assert config.device.value == ("cuda" if spec.resources.gpu.count else "cpu")
-    assert config.port == flags.WORKER_PORT
+    assert config.port == worker_contract.WORKER_PORT
     assert config.max_batch_tokens == spec.scoring.max_batch_tokens
     assert config.max_queue_tokens == spec.scoring.max_queue_tokens
     assert config.max_request_tokens == spec.scoring.max_request_tokens
@@ -103,34 +103,35 @@ def test_rendered_args_parse_to_the_intended_config(name: str, tmp_path: Path) -
     assert config.cuda_graph_max_seqs == spec.cuda_graph.max_sequences
     assert config.drain_timeout_seconds == spec.rollout.drain_seconds
     assert config.host == "0.0.0.0"  # the worker's own default is loopback
-    assert config.metrics_port == flags.METRICS_PORT  # always: the Service's metrics port targets it
-    assert config.api_key_file == (None if spec.auth.api_key_secret_ref is None else Path(flags.API_KEY_PATH))
+    assert config.metrics_port == worker_contract.METRICS_PORT  # always: the Service's metrics port targets it
+    assert config.api_key_file == (None if spec.auth.api_key_secret_ref is None else Path(worker_contract.API_KEY_PATH))
     template = spec.scoring.prompt_template
-    assert config.prompt_template == (template if template in (None, "qwen3-reranker") else flags.PROMPT_TEMPLATE_PATH)
+    rendered_template = template if template in (None, "qwen3-reranker") else worker_contract.PROMPT_TEMPLATE_PATH
+    assert config.prompt_template == rendered_template
     labels = spec.scoring.label_tokens
     assert config.label_tokens == (None if labels is None else tuple(labels.split(",")))
 
 
 @pytest.mark.parametrize("name", ["qwen3-reranker", "own-template-and-labels"])
 def test_the_worker_loads_the_rendered_template(name: str, tmp_path: Path) -> None:
-    """What the pod sees: the ConfigMap's files under flags.CONFIG_DIR, read by the worker's own template loader."""
+    """What the pod sees: the ConfigMap's files in worker_contract.CONFIG_DIR, read by the worker's template loader."""
     model, args, _ = rendered_for(SPECS[name])
     configmap = render(model, OperatorSettings(), service_monitor_api=False).get("ConfigMap")
     assert configmap is not None
     for file, text in configmap["data"].items():
         (tmp_path / file).write_text(text)
-    config = parse_config([a.replace(flags.CONFIG_DIR, str(tmp_path)) for a in args], environ={})
+    config = parse_config([a.replace(worker_contract.CONFIG_DIR, str(tmp_path)) for a in args], environ={})
     assert config.prompt_template is not None
-    template = load_template(config.prompt_template.replace(flags.CONFIG_DIR, str(tmp_path)))
+    template = load_template(config.prompt_template.replace(worker_contract.CONFIG_DIR, str(tmp_path)))
     if name == "qwen3-reranker":
-        assert template is BUILTIN["qwen3-reranker"] and set(configmap["data"]) == {flags.CONFIG_FILE}
+        assert template is BUILTIN["qwen3-reranker"] and set(configmap["data"]) == {worker_contract.CONFIG_FILE}
     else:
         assert template.render("Q", "D", "I") == CUSTOM_TEMPLATE.replace("{instruct}", "I").replace(
             "{query}", "Q").replace("{item}", "D")
 
 
 def test_the_operator_knows_the_worker_s_built_in_templates() -> None:
-    assert set(flags.BUILTIN_PROMPT_TEMPLATES) == set(BUILTIN)
+    assert set(worker_contract.BUILTIN_PROMPT_TEMPLATES) == set(BUILTIN)
 
 
 @pytest.mark.parametrize("name", SPECS)
@@ -139,7 +140,7 @@ def test_flags_and_config_file_agree(name: str, tmp_path: Path) -> None:
     _, args, config_text = rendered_for(SPECS[name])
     without_file = [a for i, a in enumerate(args) if a != "--config" and (i == 0 or args[i - 1] != "--config")]
     from_flags = parse_config(without_file, environ={})
-    config_file = tmp_path / flags.CONFIG_FILE
+    config_file = tmp_path / worker_contract.CONFIG_FILE
     config_file.write_text(config_text)
     from_file = parse_config(["serve", "--config", str(config_file)], environ={})
     extra = {"attention_backend", "log_level"}  # set by extraArgs, which only the flags carry
@@ -161,7 +162,7 @@ def test_rendered_flags_are_all_reserved() -> None:
         _, args, _ = rendered_for(spec)
         user = set(ScoringModel.from_body({**scoring_model(**spec), "metadata": {"name": "x"}}).spec.extra_args)
         rendered = {a for a in args if a.startswith("--") and a not in user and a.split("=")[0] not in user}
-        assert rendered <= set(flags.RESERVED_FLAGS)
+        assert rendered <= set(worker_contract.RESERVED_FLAGS)
 
 
 def test_worker_config_keys_are_worker_fields() -> None:
