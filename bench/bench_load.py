@@ -1,19 +1,20 @@
 """Throughput at a latency SLO: the highest items/s a worker sustains with P99 ≤ --slo-ms under open-loop load.
 
     # CPU (SmolLM2-135M, real weights): MIS on vs off, a CPU-sized SLO
-    .venv/bin/python bench/bench_load.py --model smollm2 --preset sglang-mis --slo-ms 30000 --compare mis \\
-        --step-seconds 240 --step-requests 40 --json load-cpu.json
+    .venv/bin/python bench/bench_load.py --model smollm2 --preset sglang-mis --slo-ms 15000 --compare mis \\
+        --step-seconds 60 --step-min-requests 12 --max-steps 4 --probe 4 --warmup 1 --json load-cpu.json
     # GPU (the Qwen3-0.6B-geometry model, built offline on first use): MIS and CUDA graphs on vs off
     .venv/bin/python bench/bench_load.py --model qwen3-geometry --device cuda --dtype bfloat16 \\
-        --preset sglang-mis --slo-ms 500 --compare mis,cuda-graph --json load-gpu.json
+        --preset sglang-mis --slo-ms 500 --compare mis,cuda-graph --probe 64 --step-seconds 30 --json load-gpu.json
     # a running worker (e.g. a Kubernetes Service): its tokenizer for the bodies, its metrics for the shares
     .venv/bin/python bench/bench_load.py --url http://scorer:8000 --tokenizer /models/m --slo-ms 500
 
 Each arm is one configuration (MIS on/off per request through `multi_item_scoring`; worker flags such as
 `--cuda-graph` or `--gc-freeze` per worker process). For each arm: warm-up requests, a burst that estimates its
 capacity, then a QPS sweep (load_stats.SweepRule) from half that capacity, every step an open-loop Poisson schedule
-bounded by --step-seconds and --step-requests. Arms take turns step by step, so a noisy neighbour hits them alike.
-Prints one row per step and the best items/s at the SLO per arm, with the ratios between arms; --json writes it all.
+of --step-seconds (at least --step-min-requests, at most --step-requests). Arms take turns step by step, so a noisy
+neighbour hits them alike. Prints one row per step and the best items/s at the SLO per arm, with the ratios between
+arms; --json writes it all.
 """
 
 from __future__ import annotations
@@ -122,7 +123,8 @@ async def sweep(arms: list[Arm], targets: dict[str, Target], pool: BodyPool,
                 if qps is None:
                     active.remove(arm)
                     continue
-                schedule = poisson_arrivals(qps, args.step_seconds, args.step_requests, f"{args.seed}-{qps:.6g}")
+                schedule = poisson_arrivals(qps, args.step_seconds, args.step_requests, f"{args.seed}-{qps:.6g}",
+                                            args.step_min_requests)
                 step = await run_step(client, targets[arm.name], arm.name, qps, schedule,
                                       lambda i, mis=arm.mis: pool.body(i, mis), sent, drain_s)
                 sent += len(schedule)
@@ -211,7 +213,9 @@ def main() -> None:
     parser.add_argument("--resolution", type=float, default=1.15)
     parser.add_argument("--max-steps", type=int, default=8, help="most steps per arm")
     parser.add_argument("--step-seconds", type=float, default=60.0)
-    parser.add_argument("--step-requests", type=int, default=2000)
+    parser.add_argument("--step-requests", type=int, default=2000, help="most requests per step")
+    parser.add_argument("--step-min-requests", type=int, default=20, help="fewest requests per step (a slow rate "
+                        "runs past --step-seconds)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--probe", type=int, default=8, help="requests in the capacity burst")
     parser.add_argument("--pool", type=int, default=256, help="distinct request bodies, cycled")

@@ -67,11 +67,11 @@ def view(before: Sample, after: Sample, wall_s: float) -> ServerView:
     return ServerView(
         queue_share=delta(stage, stage="queue") / end_to_end if end_to_end else 0.0,
         tokenize_share=tokenize / end_to_end if end_to_end else 0.0,
-        tokenize_busy=tokenize / wall_s,
-        model_busy=(delta(stage, stage="forward") + delta(stage, stage="scoring")) / wall_s,
+        tokenize_busy=tokenize / wall_s if wall_s else 0.0,
+        model_busy=(delta(stage, stage="forward") + delta(stage, stage="scoring")) / wall_s if wall_s else 0.0,
         gc_collections=round(delta("scorekeeper_gc_pause_seconds_count")),
         gc_full_collections=round(delta("scorekeeper_gc_pause_seconds_count", generation="2")),
         gc_pause_total_ms=1000 * delta("scorekeeper_gc_pause_seconds_sum"),
         gc_pause_max_ms=1000 * _largest_pause_bound(before, after),
-        tokens_per_s=delta("scorekeeper_prompt_tokens_total") / wall_s,
+        tokens_per_s=delta("scorekeeper_prompt_tokens_total") / wall_s if wall_s else 0.0,
     )

@@ -31,15 +31,16 @@ def percentile(samples: list[float], q: float) -> float:
     return ordered[rank - 1]
 
 
-def poisson_arrivals(qps: float, duration_s: float, max_count: int, seed: int | str) -> list[float]:
-    """Arrival offsets (seconds from the step's start) of a Poisson process at `qps`, within `duration_s` and at
-    most `max_count` of them. The same seed, rate and bounds give the same schedule."""
+def poisson_arrivals(qps: float, duration_s: float, max_count: int, seed: int | str, min_count: int = 1) -> list[float]:
+    """Arrival offsets (seconds from the step's start) of a Poisson process at `qps`: those within `duration_s`, but
+    at least `min_count` (a slow rate runs longer rather than judge a P99 on a handful of requests) and at most
+    `max_count`. The same seed, rate and bounds give the same schedule."""
     rng = random.Random(seed)
     arrivals: list[float] = []
     t = 0.0
     while len(arrivals) < max_count:
         t += rng.expovariate(qps)
-        if t > duration_s:
+        if t > duration_s and len(arrivals) >= min_count:
             break
         arrivals.append(t)
     return arrivals

@@ -54,6 +54,8 @@ def test_poisson_schedule_is_seeded_and_bounded() -> None:
     assert abs(sum(gaps) / len(gaps) - 0.01) < 0.0005
     assert len(poisson_arrivals(100.0, 100.0, 50, seed=7)) == 50  # the count bound
     assert poisson_arrivals(100.0, 100.0, 50, seed=7) == schedule[:50]
+    slow = poisson_arrivals(0.1, 10.0, 50, seed=7, min_count=20)  # ~1 arrival in 10 s: the step runs longer
+    assert len(slow) == 20 and slow[-1] > 10.0 and slow == poisson_arrivals(0.1, 1e9, 20, seed=7)
 
 
 def _outcome(latency_s: float, status: int = 200, items: int = 10) -> Outcome:
@@ -180,6 +182,8 @@ def test_server_view_from_two_scrapes_of_the_real_metrics() -> None:
     assert server.gc_pause_total_ms == pytest.approx(200.3)
     assert server.gc_pause_max_ms == pytest.approx(250.0)  # the 0.25 s bucket holds the largest pause
     assert server.tokens_per_s == pytest.approx(100.0)
+    idle = view(before, before, wall_s=0.0)  # a step with no request
+    assert (idle.model_busy, idle.tokenize_share, idle.gc_collections) == (0.0, 0.0, 0)
 
 
 def test_preset_shapes_and_token_ratio() -> None:
