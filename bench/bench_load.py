@@ -1,8 +1,8 @@
 """Throughput at a latency SLO: the highest items/s a worker sustains with P99 ≤ --slo-ms under open-loop load.
 
     # CPU (SmolLM2-135M, real weights): MIS on vs off, a CPU-sized SLO
-    .venv/bin/python bench/bench_load.py --model smollm2 --preset sglang-mis --slo-ms 15000 --compare mis \\
-        --step-seconds 60 --step-min-requests 12 --max-steps 4 --probe 4 --warmup 1 --json load-cpu.json
+    .venv/bin/python bench/bench_load.py --model smollm2 --preset sglang-mis --slo-ms 30000 --compare mis \\
+        --start-qps 0.1 --step-seconds 45 --step-min-requests 10 --max-steps 4 --probe 4 --warmup 1 --json load-cpu.json
     # GPU (the Qwen3-0.6B-geometry model, built offline on first use): MIS and CUDA graphs on vs off
     .venv/bin/python bench/bench_load.py --model qwen3-geometry --device cuda --dtype bfloat16 \\
         --preset sglang-mis --slo-ms 500 --compare mis,cuda-graph --probe 64 --step-seconds 30 --json load-gpu.json
