@@ -32,6 +32,9 @@ class RunningServer:
         from scorekeeper_worker.server import create_app
 
         self.port = free_port()
+        # gc.freeze() would freeze the whole test process (every server and model of the session, never collected
+        # again): in-process servers leave it off unless a test asks; test_gc.py runs the default in a subprocess.
+        config.setdefault("gc_freeze", False)
         self.config = WorkerConfig(host="127.0.0.1", port=self.port, **config)
         self.app = create_app(self.config)
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",

@@ -232,6 +232,7 @@ class WorkerThread:
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        config.setdefault("gc_freeze", False)  # in-process: gc.freeze() would freeze the test process (serving.py)
         self.app = app = create_app(WorkerConfig(host="127.0.0.1", port=self.port, **config))
         metrics_port = config.get("metrics_port")
         # Where Prometheus scrapes: the metrics port when the worker has one (--metrics-port), else the API port.

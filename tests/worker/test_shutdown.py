@@ -51,7 +51,8 @@ def test_ready_turns_503_as_soon_as_draining_starts_while_in_flight_work_finishe
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = build_server(WorkerConfig(model=tiny_model("qwen3-cls3"), port=port, log_level="warning"))
+    server = build_server(WorkerConfig(model=tiny_model("qwen3-cls3"), port=port, log_level="warning",
+                                       gc_freeze=False))  # in-process: see tests/serving.py
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:

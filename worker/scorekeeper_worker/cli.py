@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--drain-timeout-seconds", "on SIGTERM, how long in-flight requests may take to finish", type=float)
     add("--self-check", "at start-up, score a fixed probe set through the engine and through plain transformers "
         "and refuse to start if they differ beyond the dtype's tolerance", action=argparse.BooleanOptionalAction)
+    add("--gc-freeze", "once the model is loaded, collect garbage and move every surviving object to Python's "
+        "permanent generation, so full collections no longer walk them (docs/operations.md)",
+        action=argparse.BooleanOptionalAction)
     add("--termination-log", "file that gets a one-paragraph reason when the model fails to load or the self-check "
         "fails (Kubernetes terminationMessagePath)", type=Path)
     add("--log-level", "logging level", choices=[level.value for level in LogLevel])

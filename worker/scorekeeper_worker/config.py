@@ -71,6 +71,7 @@ class WorkerConfig(BaseModel):
     attention_backend: AttentionBackendName = AttentionBackendName.AUTO
     drain_timeout_seconds: float = Field(30.0, ge=0)
     self_check: bool = True
+    gc_freeze: bool = True
     termination_log: Path = Path("/dev/termination-log")
     log_level: LogLevel = LogLevel.INFO
 

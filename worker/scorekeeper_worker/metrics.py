@@ -19,6 +19,8 @@ STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.0
                  10.0, 30.0, 60.0)
 # Device→host copies of a few pooled vectors take microseconds; thousands of large vectors take milliseconds.
 COPY_BUCKETS = (1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5)
+# A young-generation collection takes microseconds; a full one over a loaded worker's objects hundreds of milliseconds.
+GC_BUCKETS = (1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 TOKEN_BUCKETS = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 STAGES = ("tokenize", "queue", "forward", "scoring", "serialize", "end_to_end")
@@ -95,6 +97,14 @@ class WorkerMetrics:
                                   ["path", "bucket"], registry=r)
         self.graph_capture_failures = Counter("scorekeeper_cuda_graph_capture_failures_total",
                                               "CUDA graph captures that fell back to eager", registry=r)
+        self.gc_pauses = Histogram("scorekeeper_gc_pause_seconds", "Python garbage-collector pauses (the GIL is held: "
+                                   "no request progresses) by generation", ["generation"], buckets=GC_BUCKETS,
+                                   registry=r)
+        self.gc_frozen_objects = Gauge("scorekeeper_gc_frozen_objects",
+                                       "Objects moved to the collector's permanent generation after load (--gc-freeze)",
+                                       registry=r)
+        for generation in ("0", "1", "2"):
+            self.gc_pauses.labels(generation)
         for stage in STAGES:
             self.stage_seconds.labels(stage)  # export every series from the start so dashboards have data
         for mode in ("multi_item", "single_item"):

@@ -33,6 +33,7 @@ from scorekeeper_worker.drain import Drain, DrainingServer
 from scorekeeper_worker.embeddings import embed
 from scorekeeper_worker.embeddings import response as embedding_response
 from scorekeeper_worker.errors import NotReady, error_responses
+from scorekeeper_worker.gc_pauses import GcPauseObserver
 from scorekeeper_worker.json_body import JSONRoute
 from scorekeeper_worker.logs import install_request_ids, uvicorn_log_config
 from scorekeeper_worker.metrics import WorkerMetrics
@@ -79,6 +80,7 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
     metrics.configure(config)
     service = ScoringService(config, metrics)
     drain = Drain()
+    gc_pauses = GcPauseObserver(metrics.gc_pauses)
     keys = ApiKeys(config.api_key_file) if config.api_key_file is not None else None
 
     @asynccontextmanager
@@ -99,12 +101,14 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
                 if on_failure is not None:
                     on_failure(service.failure)
 
+        gc_pauses.install()
         loader = threading.Thread(target=load, name="scorekeeper-load", daemon=True)
         loader.start()
         if not load_in_background:
             loader.join()
         yield
         service.stop()  # the server has already drained in-flight HTTP requests
+        gc_pauses.remove()
         if scrapes is not None:
             scrapes.stop()
 

@@ -18,6 +18,7 @@ from scorekeeper_worker.cuda_graphs import GraphRunner
 from scorekeeper_worker.encoding import LengthRules, encode, plain_tokens
 from scorekeeper_worker.errors import NonFiniteScore, NotReady, RequestTimedOut, ResponseTooLarge
 from scorekeeper_worker.executor import Executor
+from scorekeeper_worker.gc_pauses import freeze_after_load
 from scorekeeper_worker.jobs import JobResult, ScoreJob
 from scorekeeper_worker.loader import ModelKind, ScoringModel, load_model
 from scorekeeper_worker.metrics import WorkerMetrics
@@ -137,6 +138,8 @@ class ScoringService:
                      "engine %.3f s, reference %.3f s", check.deviation, check.tolerance, check.sequences,
                      check.tokens, check.engine_seconds, check.reference_seconds)
         self.model = model
+        if config.gc_freeze:
+            self.metrics.gc_frozen_objects.set(freeze_after_load())
         self.scheduler = Scheduler(executor, config.max_batch_tokens, config.max_queue_tokens, self.metrics)
         self.scheduler.start()
         self.ready = True

@@ -1,0 +1,77 @@
+"""The worker's own view of a load step: two scrapes of its /metrics, before and after, and what the difference says.
+
+- queue share: Σ queue wait / Σ end-to-end latency of the step's requests (where their time went: waiting);
+- tokenize share: Σ `tokenize` stage (checks, tokenization, planning, including the hop to the thread pool) over Σ
+  end-to-end; `tokenize_busy` is the same sum over the step's wall time (how much of a core it took);
+- model busy: Σ (`forward` + `scoring`) per batch over wall time, the model thread's utilisation (1.0 = saturated);
+- GC: collections, total pause, the largest pause (as the upper bound of its histogram bucket), full collections;
+- tokens/s through the model (`scorekeeper_prompt_tokens_total`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+Sample = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def parse(text: str) -> Sample:
+    """Prometheus text → {(sample name, sorted labels): value}."""
+    sample: Sample = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            sample[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return sample
+
+
+def _sum(sample: Sample, name: str, **labels: str) -> float:
+    """Sum of every series of `name` whose labels include `labels`."""
+    want = set(labels.items())
+    return sum(value for (n, series), value in sample.items() if n == name and want <= set(series))
+
+
+@dataclass(frozen=True)
+class ServerView:
+    queue_share: float
+    tokenize_share: float
+    tokenize_busy: float
+    model_busy: float
+    gc_collections: int
+    gc_full_collections: int
+    gc_pause_total_ms: float
+    gc_pause_max_ms: float  # an upper bound: the smallest bucket holding every pause of the step (inf: > 1 s)
+    tokens_per_s: float
+
+
+def _largest_pause_bound(before: Sample, after: Sample) -> float:
+    """The smallest GC-pause bucket bound that holds every pause between the two scrapes (0 when none)."""
+    within: dict[float, float] = {}  # bucket bound → pauses at or below it, summed over generations
+    for key, value in after.items():
+        if key[0] == "scorekeeper_gc_pause_seconds_bucket":
+            bound = float(dict(key[1])["le"])
+            within[bound] = within.get(bound, 0.0) + value - before.get(key, 0.0)
+    total = within.get(math.inf, 0.0)
+    return next((bound for bound in sorted(within) if within[bound] >= total), 0.0) if total > 0 else 0.0
+
+
+def view(before: Sample, after: Sample, wall_s: float) -> ServerView:
+    def delta(name: str, **labels: str) -> float:
+        return _sum(after, name, **labels) - _sum(before, name, **labels)
+
+    stage = "scorekeeper_stage_duration_seconds_sum"
+    end_to_end = delta(stage, stage="end_to_end")
+    tokenize = delta(stage, stage="tokenize")
+    return ServerView(
+        queue_share=delta(stage, stage="queue") / end_to_end if end_to_end else 0.0,
+        tokenize_share=tokenize / end_to_end if end_to_end else 0.0,
+        tokenize_busy=tokenize / wall_s if wall_s else 0.0,
+        model_busy=(delta(stage, stage="forward") + delta(stage, stage="scoring")) / wall_s if wall_s else 0.0,
+        gc_collections=round(delta("scorekeeper_gc_pause_seconds_count")),
+        gc_full_collections=round(delta("scorekeeper_gc_pause_seconds_count", generation="2")),
+        gc_pause_total_ms=1000 * delta("scorekeeper_gc_pause_seconds_sum"),
+        gc_pause_max_ms=1000 * _largest_pause_bound(before, after),
+        tokens_per_s=delta("scorekeeper_prompt_tokens_total") / wall_s if wall_s else 0.0,
+    )
