@@ -71,7 +71,7 @@ class Worker:
     """`scorekeeper-worker serve` on a loopback port; `score(body)` → (seconds, response json)."""
 
     def __init__(self, model: Path | str, dtype: str, extra_args: list[str] | None = None,
-                 ready_timeout: float = 600.0) -> None:
+                 ready_timeout: float = 600.0, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_file = tempfile.NamedTemporaryFile(prefix="scorekeeper-worker-", suffix=".log", delete=False)  # noqa: SIM115
@@ -81,7 +81,7 @@ class Worker:
         self.cmd = cmd
         log(f"starting worker: {' '.join(cmd[3:])}")
         # Own session: a stray signal to the benchmark's process group does not reach the server first.
-        self.proc = subprocess.Popen(cmd, stdout=self.log_file, stderr=subprocess.STDOUT, env=child_env(),
+        self.proc = subprocess.Popen(cmd, stdout=self.log_file, stderr=subprocess.STDOUT, env=child_env(env),
                                      start_new_session=True)
         self.client = httpx.Client(base_url=self.url, timeout=httpx.Timeout(3600.0, connect=10.0))
         self._wait_ready(ready_timeout)
