@@ -50,7 +50,7 @@ SAMPLES: dict[str, Any] = {
     "model.downloadSizeLimit": "4Gi",
     "model.servedName": "ranker",
     "scoring.promptTemplate": "qwen3-reranker",
-    "scoring.labelTokens": " yes, no",
+    "scoring.labelTokens": [" yes", " no"],
     "model.tokenSecretRef.name": "hf-token",
     "model.tokenSecretRef.key": "hf",
     "resources.gpu.resourceName": "amd.com/gpu",

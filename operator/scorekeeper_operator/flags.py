@@ -71,7 +71,7 @@ def worker_config(model: ScoringModel) -> dict[str, Any]:
     if template is not None:
         config["prompt_template"] = template if template in BUILTIN_PROMPT_TEMPLATES else PROMPT_TEMPLATE_PATH
     if spec.scoring.label_tokens is not None:
-        config["label_tokens"] = spec.scoring.label_tokens
+        config["label_tokens"] = list(spec.scoring.label_tokens)
     return config
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import itertools
 import re
 from enum import StrEnum
-from typing import Any, Self
+from typing import Annotated, Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 from scorekeeper_operator.quantity import QUANTITY_PATTERN
 from scorekeeper_operator.spec_base import Spec
@@ -137,6 +137,10 @@ class PooledHiddenStates(StrEnum):
     FORBIDDEN = "forbidden"
 
 
+# Rendered into the worker's comma-separated --label-tokens, hence no commas (the CRD's pattern says the same).
+LabelToken = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^,]+$")]
+
+
 class Scoring(Spec):
     multi_item: MultiItem = MultiItem()
     max_batch_tokens: int = Field(8192, ge=16, le=16_777_216)
@@ -146,7 +150,7 @@ class Scoring(Spec):
     return_pooled_hidden_states: PooledHiddenStates = PooledHiddenStates.ALLOWED
     # A built-in template's name, or the template text itself (written into the worker's ConfigMap).
     prompt_template: str | None = Field(None, min_length=1, max_length=65536)
-    label_tokens: str | None = Field(None, min_length=1, max_length=1024)
+    label_tokens: tuple[LabelToken, ...] | None = Field(None, min_length=1, max_length=64)
 
     @model_validator(mode="after")
     def _prompt(self) -> Self:
@@ -156,9 +160,9 @@ class Scoring(Spec):
             raise ValueError("scoring.promptTemplate must be a built-in template "
                              f"({', '.join(BUILTIN_PROMPT_TEMPLATES)}) or a template text with {{query}} and {{item}} "
                              "once each")
-        labels = self.label_tokens.split(",") if self.label_tokens is not None else []
-        if "" in labels or len(set(labels)) != len(labels):
-            raise ValueError('scoring.labelTokens must be distinct, non-empty labels separated by commas (" yes, no")')
+        labels = self.label_tokens or ()
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"scoring.labelTokens must be distinct: {list(labels)}")
         return self
 
 

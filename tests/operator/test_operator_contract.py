@@ -39,7 +39,7 @@ SPECS: dict[str, dict[str, Any]] = {
                              "resources": {"gpu": {"count": 1}}},
     "api-keys": {"auth": {"apiKeySecretRef": {"name": "scorer-keys", "key": "keys"}}},
     "qwen3-reranker": {"scoring": {"promptTemplate": "qwen3-reranker", "multiItem": {"enabled": True}}},
-    "own-template-and-labels": {"scoring": {"promptTemplate": CUSTOM_TEMPLATE, "labelTokens": " Yes, No"}},
+    "own-template-and-labels": {"scoring": {"promptTemplate": CUSTOM_TEMPLATE, "labelTokens": [" Yes", " No"]}},
 }
 
 
@@ -109,7 +109,7 @@ def test_rendered_args_parse_to_the_intended_config(name: str, tmp_path: Path) -
     rendered_template = template if template in (None, "qwen3-reranker") else worker_contract.PROMPT_TEMPLATE_PATH
     assert config.prompt_template == rendered_template
     labels = spec.scoring.label_tokens
-    assert config.label_tokens == (None if labels is None else tuple(labels.split(",")))
+    assert config.label_tokens == labels
 
 
 @pytest.mark.parametrize("name", ["qwen3-reranker", "own-template-and-labels"])

@@ -36,8 +36,9 @@ def test_operator_repeats_the_crd_rules(doc: dict[str, Any]) -> None:
     ({"model": {"uri": "hf://just-a-name"}}, "hf://org/name"),
     ({"model": {"uri": "pvc://models/x"}, "surprise": 1}, "spec.surprise: Extra inputs are not permitted"),
     ({"scoring": {"promptTemplate": "{query}{item}{item}"}}, "spec.scoring: scoring.promptTemplate must be"),
-    ({"scoring": {"labelTokens": "yes,,no"}}, "scoring.labelTokens must be distinct, non-empty"),
-    ({"scoring": {"labelTokens": " yes, yes"}}, "scoring.labelTokens must be distinct, non-empty"),
+    ({"scoring": {"labelTokens": [" yes", " yes"]}}, "scoring.labelTokens must be distinct"),
+    ({"scoring": {"labelTokens": ["yes,no"]}}, "spec.scoring.labelTokens.0: String should match pattern"),
+    ({"scoring": {"labelTokens": " yes, no"}}, "spec.scoring.labelTokens: Input should be a valid"),
 ])
 def test_what_the_schema_cannot_catch_is_named_precisely(spec: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidSpec) as caught:
