@@ -11,6 +11,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import reference
 import tiny_models
 from serving import RunningServer
 
@@ -50,3 +51,12 @@ def server_for() -> Iterator[Callable[..., RunningServer]]:
     yield get
     for server in servers.values():
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def cross(tiny_model: Callable[[str], Path], server_for: Callable[..., RunningServer]) -> tuple[RunningServer, Any,
+                                                                                               Any]:
+    """The tiny BERT cross-encoder: its server, and its transformers model and tokenizer for reference scores."""
+    path = tiny_model("bert-cross")
+    model, tok, _ = reference.load_model(path)
+    return server_for(path), model, tok

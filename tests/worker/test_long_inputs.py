@@ -34,14 +34,6 @@ def _cut(ids: list[int], keep: int, direction: str) -> list[int]:
     return ids[:keep] if direction == "right" else ids[len(ids) - keep:]
 
 
-@pytest.fixture(scope="module")
-def cross(tiny_model: Callable[[str], Path], server_for: Callable[..., RunningServer]) -> tuple[RunningServer, Any,
-                                                                                               Any]:
-    path = tiny_model("bert-cross")
-    model, tok, _ = reference.load_model(path)
-    return server_for(path), model, tok
-
-
 def _pair_scores(model: Any, tok: Any, items: list[str], direction: str, max_length: int | None) -> list[float]:
     """The tokenizer's own pair truncation: only the item (second segment) is cut."""
     tok.truncation_side = direction

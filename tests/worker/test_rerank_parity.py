@@ -50,14 +50,6 @@ JINA_EXAMPLE = {
 }
 
 
-@pytest.fixture(scope="module")
-def cross(tiny_model: Callable[[str], Path], server_for: Callable[..., RunningServer]) -> tuple[RunningServer, Any,
-                                                                                               Any]:
-    path = tiny_model("bert-cross")
-    model, tok, _ = reference.load_model(path)
-    return server_for(path), model, tok
-
-
 def _rerank(server: RunningServer, body: dict[str, Any], status: int = 200, path: str = "/v1/rerank") -> Any:
     response = httpx.post(server.url + path, json=body, timeout=60)
     assert response.status_code == status, response.text
