@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from packed_units import mixed_units
 from scorekeeper_worker.attention import LayoutKind, TokenLayout, token_allowed
 from scorekeeper_worker.attention_flex import block_tables, flex_block_mask, resolve_backend
 from scorekeeper_worker.config import DType
@@ -21,29 +22,13 @@ from scorekeeper_worker.packing import GraphShape, PackUnit, Pool, build_inputs
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 CPU = torch.device("cpu")
-DELIMITER = 3
 
 
 def _units(model: ScoringModel, seed: int, multi_item: bool) -> list[PackUnit]:
     """Packed sequences of very different lengths and, for decoders, two multi-item groups (one with an empty
     query, one with an empty item)."""
-    rng = random.Random(seed)
-    units = []
-    for length in (1, 7, 40, 150):
-        ids = [rng.randrange(10, 120) for _ in range(length)]
-        offsets = range(length - 1, length) if model.is_decoder else range(length)
-        types = [0] * (length // 2) + [1] * (length - length // 2) if model.uses_token_types else None
-        units.append(PackUnit(ids, token_types=types, position_start=model.position_start,
-                              pools=[Pool(offsets, len(units))]))
-    if multi_item:
-        for query, items in ((30, [5, 1, 12, 0, 9]), (0, [4, 8])):
-            unit = PackUnit([rng.randrange(10, 120) for _ in range(query)] + [DELIMITER], visible_prefix=query)
-            for length in items:
-                offset = unit.num_tokens + length - 1 if length else query - 1
-                unit.items.append([rng.randrange(10, 120) for _ in range(length)] + [DELIMITER])
-                unit.pools.append(Pool(range(offset, offset + 1), len(units) + len(unit.pools)))
-            units.append(unit)
-    return units
+    groups = ((30, [5, 1, 12, 0, 9]), (0, [4, 8])) if multi_item else ()
+    return mixed_units(model, random.Random(seed), (1, 7, 40, 150), groups)
 
 
 def _pooled(model: ScoringModel, units: list[PackUnit], kind: LayoutKind) -> torch.Tensor:

@@ -16,6 +16,7 @@ import pytest
 import scorekeeper_worker.attention_kernels as kernels
 import scorekeeper_worker.heads as heads
 import torch
+from packed_units import mixed_units
 from scorekeeper_worker.config import DType
 from scorekeeper_worker.forward import pooled_rows
 from scorekeeper_worker.loader import ScoringModel, load_model
@@ -101,23 +102,8 @@ def test_the_vocabulary_normaliser_runs_in_row_chunks(tiny_model: Callable[[str]
 
 def _mixed_batch(model: ScoringModel) -> list[PackUnit]:
     """Rows of different lengths (padded blocks) and, for decoders, multi-item groups with a delimiter."""
-    rng = random.Random(7)
-    units = []
-    for length in (3, 50, 61, 140):
-        ids = [rng.randrange(10, 120) for _ in range(length)]
-        offsets = range(length - 1, length) if model.is_decoder else range(length)
-        types = [0] * (length // 2) + [1] * (length - length // 2) if model.uses_token_types else None
-        units.append(PackUnit(ids, token_types=types, position_start=model.position_start,
-                              pools=[Pool(offsets, len(units))]))
     groups = ((45, [5, 30, 0, 12]), (80, [40, 3])) if model.is_decoder else ()
-    for query, items in groups:
-        unit = PackUnit([rng.randrange(10, 120) for _ in range(query)] + [3], visible_prefix=query)
-        for length in items:
-            offset = unit.num_tokens + length - 1 if length else query - 1
-            unit.items.append([rng.randrange(10, 120) for _ in range(length)] + [3])
-            unit.pools.append(Pool(range(offset, offset + 1), len(units) + len(unit.pools)))
-        units.append(unit)
-    return units
+    return mixed_units(model, random.Random(7), (3, 50, 61, 140), groups)
 
 
 @pytest.mark.parametrize("emulate_gpu", [False, True])
