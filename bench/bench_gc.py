@@ -40,12 +40,12 @@ def main() -> None:
     args = parser.parse_args()
     set_threads(args.threads)
 
+    from scorekeeper_worker.api.server import create_app
     from scorekeeper_worker.config import WorkerConfig
-    from scorekeeper_worker.gc_pauses import freeze_after_load
     from scorekeeper_worker.metrics import WorkerMetrics
-    from scorekeeper_worker.model_files import prepare_smollm2
-    from scorekeeper_worker.server import create_app
-    from scorekeeper_worker.service import ScoringService
+    from scorekeeper_worker.model.files import prepare_smollm2
+    from scorekeeper_worker.serving.gc_pauses import freeze_after_load
+    from scorekeeper_worker.serving.service import ScoringService
 
     model = args.model or prepare_smollm2(REPO / ".cache" / "models")
     config = WorkerConfig(model=model, gc_freeze=False)

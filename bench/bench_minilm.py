@@ -44,7 +44,7 @@ PEER_LABELS = {"st": "sentence-transformers", "hf": "transformers padded (batch 
 
 
 def minilm_dir() -> Path:
-    from scorekeeper_worker.model_files import minilm_path
+    from scorekeeper_worker.model.files import minilm_path
 
     return minilm_path()
 

@@ -36,7 +36,7 @@ DEFAULT_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "models"
 
 
 def smollm2_dir(cache: Path) -> Path:
-    from scorekeeper_worker.model_files import prepare_smollm2
+    from scorekeeper_worker.model.files import prepare_smollm2
 
     return Path(prepare_smollm2(cache))
 

@@ -25,10 +25,10 @@ from common import child_env, log, machine_note, markdown_table, median, set_thr
 CHILD = """
 import json, sys, time
 from pathlib import Path
-from scorekeeper_worker import selfcheck
+from scorekeeper_worker.serving import selfcheck
 from scorekeeper_worker.config import DType
-from scorekeeper_worker.executor import Executor
-from scorekeeper_worker.loader import load_model
+from scorekeeper_worker.engine.executor import Executor
+from scorekeeper_worker.model.loader import load_model
 model = load_model(Path(sys.argv[1]), DType(sys.argv[2]), "cpu", "bench")
 executor = Executor(model)
 wall, cpu = time.perf_counter(), time.process_time()
@@ -50,7 +50,7 @@ def main() -> None:
     args = parser.parse_args()
     set_threads(args.threads)
     if args.model is None:
-        from scorekeeper_worker.model_files import minilm_path
+        from scorekeeper_worker.model.files import minilm_path
 
         args.model = minilm_path()
     runs = []

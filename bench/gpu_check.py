@@ -35,13 +35,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "worker"), str(REPO / "tests"), str(REPO / "tests" / "worker")]
 
 import torch  # noqa: E402
-from scorekeeper_worker.attention import LayoutKind  # noqa: E402
 from scorekeeper_worker.config import DType  # noqa: E402
-from scorekeeper_worker.cuda_graphs import GraphRunner  # noqa: E402
-from scorekeeper_worker.device_copy import host_vectors  # noqa: E402
-from scorekeeper_worker.forward import pooled_rows  # noqa: E402
-from scorekeeper_worker.loader import ScoringModel, load_model  # noqa: E402
-from scorekeeper_worker.packing import PackUnit, Pool, build_inputs  # noqa: E402
+from scorekeeper_worker.engine.cuda_graphs import GraphRunner  # noqa: E402
+from scorekeeper_worker.engine.device_copy import host_vectors  # noqa: E402
+from scorekeeper_worker.engine.forward import pooled_rows  # noqa: E402
+from scorekeeper_worker.engine.packing import PackUnit, Pool, build_inputs  # noqa: E402
+from scorekeeper_worker.kernels.attention import LayoutKind  # noqa: E402
+from scorekeeper_worker.model.loader import ScoringModel, load_model  # noqa: E402
 
 TINY = ["qwen3-cls3", "gemma2-reward", "bert-embed"]  # GQA decoder; softcap + sliding layers; encoder, mean pooling
 DELIMITER = 3

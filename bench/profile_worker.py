@@ -26,15 +26,15 @@ from common import median
 
 def load(kind: str, dtype: str, cache: Path) -> Any:
     from scorekeeper_worker.config import DType
-    from scorekeeper_worker.loader import load_model
-    from scorekeeper_worker.model_files import minilm_path, prepare_smollm2
+    from scorekeeper_worker.model.files import minilm_path, prepare_smollm2
+    from scorekeeper_worker.model.loader import load_model
 
     path = minilm_path() if kind == "minilm" else Path(prepare_smollm2(cache))
     return load_model(path, DType(dtype), "cpu", kind)
 
 
 def request_for(kind: str, model: Any, args: argparse.Namespace) -> Any:
-    from scorekeeper_worker.schemas import ScoreRequest
+    from scorekeeper_worker.contract.schemas import ScoreRequest
 
     if kind == "minilm":
         from bench_minilm import make_workload
@@ -52,10 +52,10 @@ def request_for(kind: str, model: Any, args: argparse.Namespace) -> Any:
 
 def score_once(model: Any, request: Any, mis: bool, max_batch_tokens: int) -> dict[str, float]:
     """tokenize → plan → batches of ≤ max_batch_tokens (as the scheduler forms them) → Executor.run."""
-    from scorekeeper_worker.executor import Executor
-    from scorekeeper_worker.jobs import ScoreJob
-    from scorekeeper_worker.planning import plan, tokenize
-    from scorekeeper_worker.service import _label_lists
+    from scorekeeper_worker.engine.executor import Executor
+    from scorekeeper_worker.engine.jobs import ScoreJob
+    from scorekeeper_worker.planning.planner import plan, tokenize
+    from scorekeeper_worker.serving.service import _label_lists
 
     loop = asyncio.new_event_loop()
     stages = {"tokenize+plan": 0.0, "inputs": 0.0, "forward": 0.0, "scoring": 0.0}

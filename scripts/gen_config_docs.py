@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Generate docs/configuration.md from the code: the worker's real argparse parser and pydantic config, the CRD's
-openAPIV3Schema and CEL rules, and the operator's spec → flag rendering (`scorekeeper_operator.flags`).
+openAPIV3Schema and CEL rules, and the operator's spec → flag rendering (`scorekeeper_operator.spec.flags`).
 
     python scripts/gen_config_docs.py           # rewrite docs/configuration.md
     python scripts/gen_config_docs.py --check   # exit 1 if the committed file differs from what would be generated
@@ -27,9 +27,9 @@ for source in (REPO / "worker", REPO / "operator"):  # importable without an ins
 
 import yaml  # noqa: E402
 from pydantic_core import PydanticUndefined  # noqa: E402
-from scorekeeper_operator import flags as operator_flags  # noqa: E402
-from scorekeeper_operator import worker_contract  # noqa: E402
-from scorekeeper_operator.spec import ScoringModel  # noqa: E402
+from scorekeeper_operator.spec import flags as operator_flags  # noqa: E402
+from scorekeeper_operator.spec import worker_contract  # noqa: E402
+from scorekeeper_operator.spec.model import ScoringModel  # noqa: E402
 from scorekeeper_worker import cli  # noqa: E402
 from scorekeeper_worker.config import WorkerConfig  # noqa: E402
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generate docs/support-matrix.md from the worker's support matrix (worker/scorekeeper_worker/support.py).
+"""Generate docs/support-matrix.md from the worker's support matrix (worker/scorekeeper_worker/model/support.py).
 
     python scripts/gen_support_matrix.py           # rewrite docs/support-matrix.md
     python scripts/gen_support_matrix.py --check   # exit 1 if the committed file differs from what would be generated
@@ -15,14 +15,14 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO / "worker") not in sys.path:  # importable without an installed package
     sys.path.insert(0, str(REPO / "worker"))
 
-from scorekeeper_worker.support import MATRIX, HeadStep, KindSupport, PoolingSource  # noqa: E402
+from scorekeeper_worker.model.support import MATRIX, HeadStep, KindSupport, PoolingSource  # noqa: E402
 
 OUTPUT = REPO / "docs" / "support-matrix.md"
 REGENERATE = "python scripts/gen_support_matrix.py"
 
 INTRO = f"""# Support matrix
 
-<!-- Generated from worker/scorekeeper_worker/support.py by `{REGENERATE}`; do not edit. -->
+<!-- Generated from worker/scorekeeper_worker/model/support.py by `{REGENERATE}`; do not edit. -->
 
 The worker serves exactly these architectures, as exactly these kinds, and refuses to start on anything else with a
 message that names the model's architecture and this list. "Supported" means three things: the engine implements
@@ -45,11 +45,11 @@ KIND_NAMES = {"causal_lm": "causal LM (label tokens)", "classifier": "classifier
 NOTES = """
 ## Notes
 
-- **Attention.** Packed architectures run the engine's attention (`attention.py`) through transformers'
+- **Attention.** Packed architectures run the engine's attention (`kernels/attention.py`) through transformers'
   `AttentionInterface`: one packed row per batch, sequences kept apart by the layout, causal or bidirectional, with
   sliding windows (one-sided for decoders, symmetric `|i - j| < window` for ModernBERT's local layers), Gemma2's
   logit soft-capping and grouped-query heads. Multi-item scoring applies to decoders only. Gemma2 causal LMs also
-  get their final logit soft-capping on the label logits (`heads.py`).
+  get their final logit soft-capping on the label logits (`engine/heads.py`).
 - **DeBERTa-v2 / v3** computes disentangled relative-position attention inside its own modules, which never reach
   `AttentionInterface`, so a packed row would let sequences see each other. The worker runs it *padded*: every
   block of similar-length sequences is an ordinary right-padded batch with an attention mask, which is exact. CUDA

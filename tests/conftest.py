@@ -31,7 +31,7 @@ def tiny_model(tiny_dir: Path) -> Callable[[str], Path]:
 def smollm2_converted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """SmolLM2-135M-Instruct converted from its GGUF once per session (~30 s) into SCOREKEEPER_MODEL_CACHE (when
     set, reused between runs) or a temporary directory: loads in a fraction of a second, in servers and references."""
-    from scorekeeper_worker import model_files
+    from scorekeeper_worker.model import files as model_files
 
     cache = os.environ.get("SCOREKEEPER_MODEL_CACHE")
     return model_files.prepare_smollm2(Path(cache) if cache else tmp_path_factory.mktemp("model-cache"))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from scorekeeper_worker.loader import ScoringModel
-from scorekeeper_worker.packing import PackUnit, Pool
+from scorekeeper_worker.engine.packing import PackUnit, Pool
+from scorekeeper_worker.model.loader import ScoringModel
 
 DELIMITER = 3
 

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 if TYPE_CHECKING:
-    from scorekeeper_worker.jobs import ScoreJob
-    from scorekeeper_worker.packing import PackUnit
-    from scorekeeper_worker.scheduler import Scheduler
+    from scorekeeper_worker.engine.jobs import ScoreJob
+    from scorekeeper_worker.engine.packing import PackUnit
+    from scorekeeper_worker.engine.scheduler import Scheduler
 
 
 def free_port() -> int:
@@ -28,8 +28,8 @@ class RunningServer:
 
     def __init__(self, **config: Any) -> None:
         import uvicorn
+        from scorekeeper_worker.api.server import create_app
         from scorekeeper_worker.config import WorkerConfig
-        from scorekeeper_worker.server import create_app
 
         self.port = free_port()
         # gc.freeze() would freeze the whole test process (every server and model of the session, never collected

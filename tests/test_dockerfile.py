@@ -19,8 +19,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
-from scorekeeper_operator import settings, worker_contract
-from scorekeeper_worker import model_files
+from scorekeeper_operator.spec import settings, worker_contract
+from scorekeeper_worker.model import files as model_files
 
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -293,14 +293,14 @@ def test_the_hello_world_model_is_baked_in_where_the_example_points() -> None:
     in_image = {uri for uri in examples if uri.startswith("file://")}
     assert in_image == {f"file://{link.group(1)}"}
     # what the link resolves to in the image: the command prints a model directory
-    printed = subprocess.run([sys.executable, "-m", "scorekeeper_worker.model_files", "minilm"], capture_output=True,
+    printed = subprocess.run([sys.executable, "-m", "scorekeeper_worker.model.files", "minilm"], capture_output=True,
                              text=True, check=True).stdout.strip()
     assert (Path(printed) / "config.json").is_file() and (Path(printed) / "model.safetensors").is_file()
 
 
 def test_the_download_init_container_runs_a_module_the_image_has() -> None:
     """The operator's hf:// init container runs `python -m scorekeeper_worker.hub_download` in the worker image."""
-    from scorekeeper_operator.render_download import DOWNLOAD_COMMAND
+    from scorekeeper_operator.render.download import DOWNLOAD_COMMAND
 
     assert DOWNLOAD_COMMAND[:2] == ["python", "-m"]
     module = importlib.util.find_spec(DOWNLOAD_COMMAND[2])
@@ -310,7 +310,7 @@ def test_the_download_init_container_runs_a_module_the_image_has() -> None:
 
 def test_the_worker_pods_run_as_the_images_user() -> None:
     """The operator renders runAsUser/runAsGroup/fsGroup for worker pods (restricted profile): the image's user."""
-    from scorekeeper_operator import pod_layout
+    from scorekeeper_operator.spec import pod_layout
 
     uid, _, gid = STAGES["worker"].last("USER").partition(":")
     assert (int(uid), int(gid)) == (pod_layout.WORKER_UID, pod_layout.WORKER_GID)

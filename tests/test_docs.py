@@ -42,7 +42,7 @@ def test_support_matrix_doc_is_generated_and_current() -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert SUPPORT_DOC.read_text() == module.render(), (
-        f"docs/support-matrix.md is stale (worker/scorekeeper_worker/support.py changed); regenerate it with: "
+        f"docs/support-matrix.md is stale (worker/scorekeeper_worker/model/support.py changed); regenerate it with: "
         f"python {SUPPORT_GENERATOR.relative_to(REPO)}")
 
 

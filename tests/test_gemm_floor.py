@@ -10,7 +10,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 import gemm_floor
-from scorekeeper_worker.model_files import minilm_path
+from scorekeeper_worker.model.files import minilm_path
 
 
 def test_minilm_dense_layers_are_the_36_trunk_matrices() -> None:

@@ -1,4 +1,4 @@
-"""scorekeeper_worker.model_files: locating the offline models, the GGUF tokenizer fix, the SmolLM2 conversion.
+"""scorekeeper_worker.model.files: locating the offline models, the GGUF tokenizer fix, the SmolLM2 conversion.
 
 The SmolLM2 tests load the real GGUF once per module (~35 s) and save it converted; set SCOREKEEPER_MODEL_CACHE to
 a directory to convert there once and reuse the converted model between runs.
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from scorekeeper_worker import model_files
+from scorekeeper_worker.model import files as model_files
 from tiny_models import TinyModel, build
 
 HAS_SMOLLM2 = importlib.util.find_spec(model_files.SMOLLM2_PACKAGE) is not None
@@ -28,7 +28,7 @@ PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start
 
 def test_import_does_not_import_torch() -> None:
     code = (
-        "import sys, scorekeeper_worker.model_files\n"
+        "import sys, scorekeeper_worker.model.files\n"
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -51,7 +51,7 @@ def test_smollm2_gguf_path_without_importing_the_package() -> None:
 @needs_minilm
 def test_cli_prints_minilm_path() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "scorekeeper_worker.model_files", "minilm"], check=True, capture_output=True, text=True
+        [sys.executable, "-m", "scorekeeper_worker.model.files", "minilm"], check=True, capture_output=True, text=True
     ).stdout
     assert Path(out.strip()) == model_files.minilm_path()
 

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import make_qwen3_geometry
 from load_workload import PRESETS, BodyPool, Mix, Shape, label_ids
 from scorekeeper_worker.config import DType
-from scorekeeper_worker.loader import ModelKind, load_model
+from scorekeeper_worker.model.loader import ModelKind, load_model
 from transformers import PreTrainedTokenizerBase, Qwen3ForCausalLM
 
 # A geometry small enough to write and load in a test; the rest of Qwen3-0.6B's config is kept.

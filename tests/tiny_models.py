@@ -8,7 +8,7 @@ hand), small enough to build in a fraction of a second, and saved with `save_pre
     from tiny_models import ALL_TINY_MODELS, SPECS, build
     path = build("qwen3-cls3", tmp_dir)            # -> tmp_dir / "qwen3-cls3"
 
-Every architecture × kind of the worker's support matrix (worker/scorekeeper_worker/support.py) has a model here
+Every architecture × kind of the worker's support matrix (worker/scorekeeper_worker/model/support.py) has a model here
 (tests/worker/test_support_matrix.py keeps the two in step); tokenizers are in tiny_tokenizers.py.
 
 Design choices that matter for the tests built on top:

@@ -17,8 +17,8 @@ import kopf
 
 from scorekeeper_operator.k8s import LIST_PAGE_SIZE, KubeApi, load_configuration
 from scorekeeper_operator.reconcile import Reconciler
-from scorekeeper_operator.render import MANAGED_SELECTOR
-from scorekeeper_operator.settings import OperatorSettings
+from scorekeeper_operator.render.manifests import MANAGED_SELECTOR
+from scorekeeper_operator.spec.settings import OperatorSettings
 
 SCORING_MODEL = ("scorekeeper.dev", "v1alpha1", "scoringmodels")
 INSTANCE_LABEL = "app.kubernetes.io/instance"

@@ -15,8 +15,8 @@ import urllib.request
 from urllib.parse import quote
 
 from scorekeeper_operator.k8s import TransientApiError
-from scorekeeper_operator.settings import OperatorSettings
-from scorekeeper_operator.spec import COMMIT
+from scorekeeper_operator.spec.model import COMMIT
+from scorekeeper_operator.spec.settings import OperatorSettings
 
 
 class HubUnavailable(TransientApiError):

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from scorekeeper_operator.k8s import CHILD_KINDS, KubeApi
-from scorekeeper_operator.render import DEFAULT_IMAGE_ANNOTATION, MANAGED_SELECTOR
-from scorekeeper_operator.settings import OperatorSettings
-from scorekeeper_operator.spec import ScoringModel
+from scorekeeper_operator.render.manifests import DEFAULT_IMAGE_ANNOTATION, MANAGED_SELECTOR
+from scorekeeper_operator.spec.model import ScoringModel
+from scorekeeper_operator.spec.settings import OperatorSettings
 
 Key = tuple[str, str]  # (namespace, name)
 # A waiting model is re-checked this often even if no rollout completion wakes it (deleted models free slots too).

@@ -11,7 +11,7 @@ from typing import Any
 import kopf
 
 from scorekeeper_operator import metrics
-from scorekeeper_operator.settings import OperatorSettings
+from scorekeeper_operator.spec.settings import OperatorSettings
 
 
 def run_options(settings: OperatorSettings) -> dict[str, Any]:

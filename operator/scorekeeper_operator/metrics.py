@@ -14,7 +14,7 @@ from typing import Concatenate, ParamSpec, TypeVar
 import prometheus_client
 
 from scorekeeper_operator.k8s import TransientApiError
-from scorekeeper_operator.status import ConfigError
+from scorekeeper_operator.status.compute import ConfigError
 
 P = ParamSpec("P")
 S = TypeVar("S")

@@ -15,7 +15,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from scorekeeper_operator import metrics
-from scorekeeper_operator.drift import applies_field, contains, owned_by
 from scorekeeper_operator.hub import HubUnavailable, Unresolvable, resolve_revision
 from scorekeeper_operator.image_rollout import RECHECK_SECONDS, ImageRollout
 from scorekeeper_operator.k8s import (
@@ -29,7 +28,8 @@ from scorekeeper_operator.k8s import (
     KubeApi,
     RejectedError,
 )
-from scorekeeper_operator.render import (
+from scorekeeper_operator.render.drift import applies_field, contains, owned_by
+from scorekeeper_operator.render.manifests import (
     MANAGED_SELECTOR,
     OPTIONAL_KINDS,
     Rendered,
@@ -40,10 +40,10 @@ from scorekeeper_operator.render import (
     selector_string,
 )
 from scorekeeper_operator.schedule import Key, Scheduler
-from scorekeeper_operator.settings import OperatorSettings
-from scorekeeper_operator.spec import AutoscalerProvider, InvalidSpec, ScoringModel
-from scorekeeper_operator.status import Assessment, ConfigError, Desired, Observed, compute_status
-from scorekeeper_operator.status_pods import needs_events
+from scorekeeper_operator.spec.model import AutoscalerProvider, InvalidSpec, ScoringModel
+from scorekeeper_operator.spec.settings import OperatorSettings
+from scorekeeper_operator.status.compute import Assessment, ConfigError, Desired, Observed, compute_status
+from scorekeeper_operator.status.pods import needs_events
 
 logger = logging.getLogger(__name__)
 # Conflicts and rejections can heal without a spec edit (the foreign object is deleted, a quota raised): look again.

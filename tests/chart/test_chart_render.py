@@ -14,11 +14,11 @@ import helm_python
 import pytest
 import yaml
 from chart_render import CHART, NAMESPACE, REPO, VALUES, Rendered, merged_values, render, render_raw
-from scorekeeper_operator import render as operator_render
-from scorekeeper_operator import settings
-from scorekeeper_operator.settings import OperatorSettings
+from scorekeeper_operator.render import manifests as operator_render
+from scorekeeper_operator.spec import settings
+from scorekeeper_operator.spec.settings import OperatorSettings
 
-OPERATOR_SOURCES = sorted((REPO / "operator" / "scorekeeper_operator").glob("*.py"))
+OPERATOR_SOURCES = sorted((REPO / "operator" / "scorekeeper_operator").rglob("*.py"))
 CHART_META: dict[str, Any] = yaml.safe_load((CHART / "Chart.yaml").read_text())
 
 

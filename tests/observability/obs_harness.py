@@ -227,8 +227,8 @@ class WorkerThread:
 
     def __init__(self, **config: Any) -> None:
         import uvicorn
+        from scorekeeper_worker.api.server import create_app
         from scorekeeper_worker.config import WorkerConfig
-        from scorekeeper_worker.server import create_app
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

@@ -29,7 +29,7 @@ from kmock_ext import HARNESS_HEADER
 from kmock_semantics import canonical_resources, parse_path_with_namespaces
 from kopf._core.reactor.inventory import ResourceMemories  # kopf.operator(memories=…) takes it; not re-exported
 from scorekeeper_operator.reconcile import PassReport
-from scorekeeper_operator.render import MANAGED_BY
+from scorekeeper_operator.render.manifests import MANAGED_BY
 
 T = TypeVar("T")
 GROUP_VERSION = "scorekeeper.dev/v1alpha1"

@@ -13,9 +13,9 @@ import crd_tools
 import jsonschema
 import kubernetes_validate
 from harness import scoring_model
-from scorekeeper_operator.render import Rendered, render
-from scorekeeper_operator.settings import OperatorSettings
-from scorekeeper_operator.spec import ScoringModel
+from scorekeeper_operator.render.manifests import Rendered, render
+from scorekeeper_operator.spec.model import ScoringModel
+from scorekeeper_operator.spec.settings import OperatorSettings
 
 K8S_VERSIONS = ["1.29", "1.30", "1.31", "1.32", "1.33", "1.34"]
 SETTINGS = OperatorSettings(worker_image="registry.example/worker:1")

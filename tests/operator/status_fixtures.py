@@ -6,10 +6,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from harness import scoring_model
-from scorekeeper_operator.render import CONFIG_HASH_ANNOTATION, Rendered, render
-from scorekeeper_operator.settings import OperatorSettings
-from scorekeeper_operator.spec import ScoringModel
-from scorekeeper_operator.status import Assessment, ConfigError, Desired, Observed, compute_status
+from scorekeeper_operator.render.manifests import CONFIG_HASH_ANNOTATION, Rendered, render
+from scorekeeper_operator.spec.model import ScoringModel
+from scorekeeper_operator.spec.settings import OperatorSettings
+from scorekeeper_operator.status.compute import Assessment, ConfigError, Desired, Observed, compute_status
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 LATER = NOW + timedelta(minutes=5)

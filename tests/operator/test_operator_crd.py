@@ -7,8 +7,8 @@ from typing import Any
 import crd_tools
 import kubernetes_validate
 import pytest
-from scorekeeper_operator.spec import ScoringModel
-from scorekeeper_operator.worker_contract import RESERVED_FLAGS
+from scorekeeper_operator.spec.model import ScoringModel
+from scorekeeper_operator.spec.worker_contract import RESERVED_FLAGS
 
 K8S_VERSIONS = ["1.29", "1.30", "1.31", "1.32", "1.33", "1.34"]
 EXPECT = "test.scorekeeper.dev/expect-"

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from fake_hub import FakeHub
 from render_cases import container, model_from
-from scorekeeper_operator.render import render
-from scorekeeper_operator.settings import OperatorSettings
-from scorekeeper_worker.hub_download import COMPLETE_MARKER, DownloadError, select_files
+from scorekeeper_operator.render.manifests import render
+from scorekeeper_operator.spec.settings import OperatorSettings
+from scorekeeper_worker.model.hub_download import COMPLETE_MARKER, DownloadError, select_files
 
 # A sentence-transformers repository as the Hub has it: one model in five formats, plus everything else.
 MINILM_REPO = {

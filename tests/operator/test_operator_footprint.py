@@ -14,7 +14,7 @@ import pytest
 from cluster_actors import add_worker_pod, set_deployment_status
 from harness import NAMESPACE, Cluster, running_operator
 from scorekeeper_operator.k8s import PODS, KubeApi
-from scorekeeper_operator.render import MANAGED_BY
+from scorekeeper_operator.render.manifests import MANAGED_BY
 from test_operator_kmock_lifecycle import condition, created
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(120)]

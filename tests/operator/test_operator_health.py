@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from lupa import lua51
-from scorekeeper_operator.status import ConfigError, Observed
+from scorekeeper_operator.status.compute import ConfigError, Observed
 from status_fixtures import assess, at, desired, event, pod, rendered, rolled, unscheduled, worker
 
 HEALTH_CHECK = Path(__file__).resolve().parents[2] / "deploy" / "argocd" / "scoringmodel-health.lua"

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from cluster_actors import add_worker_pod, set_deployment_status
 from harness import NAMESPACE, Cluster, scoring_model
-from scorekeeper_operator.render import CONFIG_HASH_ANNOTATION
+from scorekeeper_operator.render.manifests import CONFIG_HASH_ANNOTATION
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 CHILDREN = ("configmaps", "services", "deployments")

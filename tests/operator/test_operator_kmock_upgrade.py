@@ -10,9 +10,9 @@ import pytest
 from cluster_actors import set_deployment_status
 from harness import NAMESPACE, Cluster, running_operator, scoring_model
 from scorekeeper_operator.image_rollout import RECHECK_SECONDS, ImageChoice, choose, rolled_out
-from scorekeeper_operator.render import DEFAULT_IMAGE_ANNOTATION
-from scorekeeper_operator.settings import OperatorSettings
-from scorekeeper_operator.spec import ScoringModel
+from scorekeeper_operator.render.manifests import DEFAULT_IMAGE_ANNOTATION
+from scorekeeper_operator.spec.model import ScoringModel
+from scorekeeper_operator.spec.settings import OperatorSettings
 
 MODELS = ("alpha", "bravo", "charlie")
 OLD, NEW = "registry.example/worker:1", "registry.example/worker:2"

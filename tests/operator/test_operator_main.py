@@ -17,7 +17,7 @@ import pytest
 from harness import NAMESPACE, Cluster, scoring_model
 from prometheus_client.parser import text_string_to_metric_families
 from scorekeeper_operator.main import run_options
-from scorekeeper_operator.settings import DEFAULT_LIVENESS_ENDPOINT, OperatorSettings
+from scorekeeper_operator.spec.settings import DEFAULT_LIVENESS_ENDPOINT, OperatorSettings
 
 
 def test_all_namespaces_by_default_with_liveness_and_standalone() -> None:

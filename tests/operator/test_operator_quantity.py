@@ -13,9 +13,9 @@ import crd_tools
 import pytest
 from harness import scoring_model
 from kmock_semantics import canonical_quantity
-from scorekeeper_operator.drift import contains
-from scorekeeper_operator.quantity import QUANTITY_PATTERN, parse_quantity, quantity_bytes, same_quantity
-from scorekeeper_operator.spec import InvalidSpec, ScoringModel
+from scorekeeper_operator.render.drift import contains
+from scorekeeper_operator.spec.model import InvalidSpec, ScoringModel
+from scorekeeper_operator.spec.quantity import QUANTITY_PATTERN, parse_quantity, quantity_bytes, same_quantity
 
 # (input, mantissa, exponent) from TestQuantityParse: the value is mantissa * 10**exponent (rounded up to 1n).
 PARSED = [

@@ -12,11 +12,17 @@ import kubernetes_validate
 import pytest
 from harness import scoring_model
 from render_cases import COMMIT, FULL_POD, K8S_VERSIONS, SETTINGS, container, model_from, pod_spec, render_all
-from scorekeeper_operator import pod_layout, render_optional
-from scorekeeper_operator.quantity import quantity_bytes
-from scorekeeper_operator.render import CONFIG_HASH_ANNOTATION, DEFAULT_IMAGE_ANNOTATION, common_labels, render
-from scorekeeper_operator.render_pod import SHUTDOWN_MARGIN_SECONDS
-from scorekeeper_operator.spec import InvalidSpec, ScoringModel
+from scorekeeper_operator.render import optional as render_optional
+from scorekeeper_operator.render.manifests import (
+    CONFIG_HASH_ANNOTATION,
+    DEFAULT_IMAGE_ANNOTATION,
+    common_labels,
+    render,
+)
+from scorekeeper_operator.render.pod import SHUTDOWN_MARGIN_SECONDS
+from scorekeeper_operator.spec import pod_layout
+from scorekeeper_operator.spec.model import InvalidSpec, ScoringModel
+from scorekeeper_operator.spec.quantity import quantity_bytes
 
 
 # -- shutdown: preStop pause, drain, grace period ----------------------------------------------------------------------
@@ -248,7 +254,7 @@ def test_a_recorded_resolution_counts_only_for_the_same_uri_and_revision() -> No
 
 
 def test_status_reports_the_revision_and_the_images() -> None:
-    from scorekeeper_operator.status import ConfigError, Desired, Observed, compute_status
+    from scorekeeper_operator.status.compute import ConfigError, Desired, Observed, compute_status
 
     now_utc = datetime(2026, 1, 1, tzinfo=UTC)
     model = model_from({"model": {"uri": "hf://org/name", "revision": COMMIT}})

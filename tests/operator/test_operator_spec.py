@@ -7,8 +7,8 @@ from typing import Any
 import crd_tools
 import pytest
 from harness import scoring_model
-from scorekeeper_operator.settings import DEFAULT_WORKER_IMAGE, OperatorSettings
-from scorekeeper_operator.spec import InvalidSpec, RolloutStrategy, ScoringModel, ScoringModelSpec
+from scorekeeper_operator.spec.model import InvalidSpec, RolloutStrategy, ScoringModel, ScoringModelSpec
+from scorekeeper_operator.spec.settings import DEFAULT_WORKER_IMAGE, OperatorSettings
 
 VALID = crd_tools.valid_samples()
 INVALID = crd_tools.invalid_samples()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from scorekeeper_operator.status import SCHEDULING_DEADLINE_SECONDS, ConfigError, Observed
+from scorekeeper_operator.status.compute import SCHEDULING_DEADLINE_SECONDS, ConfigError, Observed
 from status_fixtures import (
     LATER,
     assess,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from scorekeeper_operator.status import SCHEDULING_DEADLINE_SECONDS, Observed
+from scorekeeper_operator.status.compute import SCHEDULING_DEADLINE_SECONDS, Observed
 from status_fixtures import assess, at, conditions, desired, event, message, pod, rendered, rolled, unscheduled, worker
 
 LOAD_ERROR = ("model /models/qwen3-reranker cannot be loaded: config.json declares architecture Qwen3ForCausalLM,"

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 from kmock_semantics import drop_unapplied, matches_fields, matches_selector, merge_patch
-from scorekeeper_operator.drift import contains, owned_by
 from scorekeeper_operator.k8s import CHILD_KINDS, SCORING_MODELS, RejectedError, TransientApiError, _error
+from scorekeeper_operator.render.drift import contains, owned_by
 
 DESIRED: dict[str, Any] = {"metadata": {"name": "m", "labels": {"a": "1"}},
                            "spec": {"replicas": 2, "template": {"spec": {"containers": [{"name": "w", "image": "i"}]}}}}

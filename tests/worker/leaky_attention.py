@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from scorekeeper_worker.attention import ATTENTION_NAME
+from scorekeeper_worker.kernels.attention import ATTENTION_NAME
 from transformers import AttentionInterface
 
 

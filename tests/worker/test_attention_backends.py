@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 from packed_units import mixed_units
-from scorekeeper_worker.attention import LayoutKind, TokenLayout, token_allowed
-from scorekeeper_worker.attention_flex import block_tables, flex_block_mask, resolve_backend
 from scorekeeper_worker.config import DType
-from scorekeeper_worker.forward import pooled_rows
-from scorekeeper_worker.loader import ScoringModel, load_model
-from scorekeeper_worker.packing import GraphShape, PackUnit, Pool, build_inputs
+from scorekeeper_worker.engine.forward import pooled_rows
+from scorekeeper_worker.engine.packing import GraphShape, PackUnit, Pool, build_inputs
+from scorekeeper_worker.kernels.attention import LayoutKind, TokenLayout, token_allowed
+from scorekeeper_worker.kernels.flex import block_tables, flex_block_mask, resolve_backend
+from scorekeeper_worker.model.loader import ScoringModel, load_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 CPU = torch.device("cpu")

@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import scorekeeper_worker.attention_kernels as kernels
-import scorekeeper_worker.heads as heads
+import scorekeeper_worker.engine.heads as heads
+import scorekeeper_worker.kernels.tiled as kernels
 import torch
 from packed_units import mixed_units
 from scorekeeper_worker.config import DType
-from scorekeeper_worker.forward import pooled_rows
-from scorekeeper_worker.loader import ScoringModel, load_model
-from scorekeeper_worker.packing import PackUnit, Pool, build_inputs
+from scorekeeper_worker.engine.forward import pooled_rows
+from scorekeeper_worker.engine.packing import PackUnit, Pool, build_inputs
+from scorekeeper_worker.model.loader import ScoringModel, load_model
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 

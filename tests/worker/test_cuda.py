@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from scorekeeper_worker.attention import LayoutKind
 from scorekeeper_worker.config import DType
-from scorekeeper_worker.cuda_graphs import GraphRunner
-from scorekeeper_worker.device_copy import host_vectors
-from scorekeeper_worker.forward import pooled_rows
-from scorekeeper_worker.loader import load_model
-from scorekeeper_worker.packing import build_inputs
+from scorekeeper_worker.engine.cuda_graphs import GraphRunner
+from scorekeeper_worker.engine.device_copy import host_vectors
+from scorekeeper_worker.engine.forward import pooled_rows
+from scorekeeper_worker.engine.packing import build_inputs
+from scorekeeper_worker.kernels.attention import LayoutKind
+from scorekeeper_worker.model.loader import load_model
 from test_graph_shaped import DELIMITER, batches_for
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]

@@ -14,8 +14,8 @@ import pytest
 import torch
 from scorekeeper_worker.cli import parse_config
 from scorekeeper_worker.config import Device, DType
-from scorekeeper_worker.dtypes import Hardware, choose_dtype, cpu_flags, detect_hardware
-from scorekeeper_worker.loader import load_model
+from scorekeeper_worker.model.dtypes import Hardware, choose_dtype, cpu_flags, detect_hardware
+from scorekeeper_worker.model.loader import load_model
 from serving import RunningServer
 
 CPU_PLAIN = Hardware(Device.CPU, bf16=False, description="CPU (no bfloat16 instructions)")

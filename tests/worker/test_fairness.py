@@ -12,8 +12,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
-from scorekeeper_worker.batching import OpenRequest, arrival_turn, size_class, take_batch
-from scorekeeper_worker.packing import PackUnit
+from scorekeeper_worker.engine.batching import OpenRequest, arrival_turn, take_batch
+from scorekeeper_worker.engine.packing import PackUnit
+from scorekeeper_worker.metrics import size_class
 from serving import BatchGate, RunningServer, wait_until
 
 LARGE = {"query": [5] * 56, "items": [[6 + i] * 8 for i in range(20)]}  # 20 units of 64 tokens: a batch each

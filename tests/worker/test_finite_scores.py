@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from scorekeeper_worker import heads
+from scorekeeper_worker.engine import heads
 from serving import RunningServer
 
 EXTREME = [5e-324, 1e-300, 1e-30, 1e30, 1e300, 1.7976931348623157e308]

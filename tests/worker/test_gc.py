@@ -10,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-from scorekeeper_worker.gc_pauses import GcPauseObserver
 from scorekeeper_worker.metrics import WorkerMetrics
+from scorekeeper_worker.serving.gc_pauses import GcPauseObserver
 from serving import RunningServer, free_port, wait_until_ready
 
 

@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
-from scorekeeper_worker.attention import LayoutKind
-from scorekeeper_worker.attention_flex import flex_block_mask
 from scorekeeper_worker.config import DType
-from scorekeeper_worker.cuda_graphs import GraphRunner
-from scorekeeper_worker.forward import pooled_rows
-from scorekeeper_worker.loader import ScoringModel, load_model
-from scorekeeper_worker.packing import GraphShape, PackUnit, Pool, build_inputs, fits
+from scorekeeper_worker.engine.cuda_graphs import GraphRunner
+from scorekeeper_worker.engine.forward import pooled_rows
+from scorekeeper_worker.engine.packing import GraphShape, PackUnit, Pool, build_inputs, fits
+from scorekeeper_worker.kernels.attention import LayoutKind
+from scorekeeper_worker.kernels.flex import flex_block_mask
+from scorekeeper_worker.model.loader import ScoringModel, load_model
 from serving import RunningServer
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -227,7 +227,7 @@ def test_capture_failures_fall_back_to_eager(models: Callable[[str], ScoringMode
                                              caplog: pytest.LogCaptureFixture) -> None:
     model = models("qwen3-cls3")
     failures: list[int] = []
-    with caplog.at_level(logging.ERROR, logger="scorekeeper_worker.cuda_graphs"):
+    with caplog.at_level(logging.ERROR, logger="scorekeeper_worker.engine.cuda_graphs"):
         runner = _runner(model, capture=True, on_capture_failure=lambda: failures.append(1))  # no CUDA: fails
     assert len(failures) == len(BUCKETS)
     assert all(b.disabled and b.graph is None for b in runner.buckets)

@@ -11,13 +11,13 @@ from typing import Any
 
 import httpx
 import pytest
-import scorekeeper_worker.planning as planning
+import scorekeeper_worker.planning.planner as planning
 from prometheus_client.parser import text_string_to_metric_families
 from scorekeeper_worker.config import DType
-from scorekeeper_worker.loader import load_model
-from scorekeeper_worker.planning import plan, tokenize
-from scorekeeper_worker.schemas import RequestTooLarge, ScoreRequest
-from scorekeeper_worker.special_tokens import PairLayout
+from scorekeeper_worker.contract.schemas import RequestTooLarge, ScoreRequest
+from scorekeeper_worker.model.loader import load_model
+from scorekeeper_worker.model.special_tokens import PairLayout
+from scorekeeper_worker.planning.planner import plan, tokenize
 from serving import RunningServer
 
 # The probe: a 6.7 KB body that plans 64 × (2040 + 2) = 130,688 tokens (single-item: the query per item).

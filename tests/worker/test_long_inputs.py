@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 import pytest
 import reference
-from scorekeeper_worker.prompt_template import BUILTIN
+from scorekeeper_worker.model.prompt_template import BUILTIN
 from serving import RunningServer
 from tiny_models import SPECS, TinyModel
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 from scorekeeper_worker.config import DType
-from scorekeeper_worker.loader import load_model
-from scorekeeper_worker.packing import PackUnit, Pool, build_inputs
+from scorekeeper_worker.engine.packing import PackUnit, Pool, build_inputs
+from scorekeeper_worker.model.loader import load_model
 from serving import RunningServer
 
 DECODERS = ["qwen3-cls3", "qwen3-reward", "qwen3-causal", "qwen2-cls3", "qwen2-reward", "qwen2-causal", "llama-cls3",
@@ -97,7 +97,7 @@ def test_bfloat16_multi_item_within_documented_bound(tiny_model: Callable[[str],
 def test_delimiter_outside_vocabulary_is_refused_at_start(tiny_model: Callable[[str], Path]) -> None:
     from scorekeeper_worker.config import WorkerConfig
     from scorekeeper_worker.metrics import WorkerMetrics
-    from scorekeeper_worker.service import ScoringService
+    from scorekeeper_worker.serving.service import ScoringService
 
     service = ScoringService(WorkerConfig(model=tiny_model("qwen3-cls3"), multi_item_scoring_delimiter=10**6),
                              WorkerMetrics())
@@ -120,7 +120,7 @@ def test_attention_work_grows_with_items_not_packed_length_squared(tiny_model: C
 
 
 def test_packed_batch_equals_sequences_one_by_one(tiny_model: Callable[[str], Path]) -> None:
-    from scorekeeper_worker.forward import pooled_rows
+    from scorekeeper_worker.engine.forward import pooled_rows
 
     model = load_model(tiny_model("llama-cls3"), DType.FLOAT32, "cpu", "t")
     rng = random.Random(3)

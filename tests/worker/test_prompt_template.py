@@ -15,8 +15,8 @@ import httpx
 import numpy as np
 import pytest
 import reference
-from scorekeeper_worker.prompt_template import BUILTIN, TemplateError, load_template, parse_template
-from scorekeeper_worker.termination import EXIT_LOAD_FAILED
+from scorekeeper_worker.api.termination import EXIT_LOAD_FAILED
+from scorekeeper_worker.model.prompt_template import BUILTIN, TemplateError, load_template, parse_template
 from serving import RunningServer, free_port
 
 RERANKER = "qwen3-reranker"

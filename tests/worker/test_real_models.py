@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from scorekeeper_worker import model_files
+from scorekeeper_worker.model import files as model_files
 from serving import RunningServer
 
 pytestmark = pytest.mark.slow

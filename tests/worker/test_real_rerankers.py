@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 import reference
-from scorekeeper_worker import model_files
+from scorekeeper_worker.model import files as model_files
 from serving import RunningServer
 
 pytestmark = pytest.mark.slow

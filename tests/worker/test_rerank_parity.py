@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 import reference
-from scorekeeper_worker.rerank import best_per_document, ranked
+from scorekeeper_worker.api.rerank import best_per_document, ranked
 from serving import RunningServer
 
 # docs.cohere.com, v2 "Rerank" API reference: the request example, and the fields of its response example

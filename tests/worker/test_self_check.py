@@ -11,13 +11,13 @@ import httpx
 import leaky_attention
 import numpy as np
 import pytest
-from scorekeeper_worker import selfcheck
-from scorekeeper_worker.attention import ATTENTION_NAME
 from scorekeeper_worker.config import DType, WorkerConfig
-from scorekeeper_worker.executor import Executor
-from scorekeeper_worker.loader import load_model
+from scorekeeper_worker.engine.executor import Executor
+from scorekeeper_worker.kernels.attention import ATTENTION_NAME
 from scorekeeper_worker.metrics import WorkerMetrics
-from scorekeeper_worker.service import ScoringService
+from scorekeeper_worker.model.loader import load_model
+from scorekeeper_worker.serving import selfcheck
+from scorekeeper_worker.serving.service import ScoringService
 from serving import RunningServer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 

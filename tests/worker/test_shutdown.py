@@ -46,8 +46,8 @@ def test_ready_turns_503_as_soon_as_draining_starts_while_in_flight_work_finishe
         tiny_model: Callable[[str], Path]) -> None:
     """Deterministic: the model thread is held inside the in-flight request's batch until the test releases it, and
     the drain starts through the same method uvicorn's signal handler calls."""
+    from scorekeeper_worker.api.server import build_server
     from scorekeeper_worker.config import WorkerConfig
-    from scorekeeper_worker.server import build_server
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"

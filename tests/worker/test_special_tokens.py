@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import reference
 from scorekeeper_worker.config import DType
-from scorekeeper_worker.loader import load_model
-from scorekeeper_worker.planning import tokenize
-from scorekeeper_worker.schemas import ScoreRequest
-from scorekeeper_worker.special_tokens import special_tokens
+from scorekeeper_worker.contract.schemas import ScoreRequest
+from scorekeeper_worker.model.loader import load_model
+from scorekeeper_worker.model.special_tokens import special_tokens
+from scorekeeper_worker.planning.planner import tokenize
 from serving import RunningServer
 from transformers import AutoTokenizer
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file, save_file
-from scorekeeper_worker.termination import EXIT_LOAD_FAILED
+from scorekeeper_worker.api.termination import EXIT_LOAD_FAILED
 from serving import free_port
 
 WORKER_TESTS = Path(__file__).resolve().parent

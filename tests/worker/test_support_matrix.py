@@ -16,14 +16,14 @@ import pytest
 import reference
 from safetensors.torch import load_file, save_file
 from scorekeeper_worker.config import DType, WorkerConfig
-from scorekeeper_worker.executor import Executor
-from scorekeeper_worker.jobs import ScoreJob
-from scorekeeper_worker.loader import ModelKind, load_model
+from scorekeeper_worker.contract.schemas import ScoreRequest
+from scorekeeper_worker.engine.executor import Executor
+from scorekeeper_worker.engine.jobs import ScoreJob
 from scorekeeper_worker.metrics import WorkerMetrics
-from scorekeeper_worker.planning import plan, tokenize
-from scorekeeper_worker.schemas import ScoreRequest
-from scorekeeper_worker.service import ScoringService
-from scorekeeper_worker.support import UnsupportedModel, supported_architectures
+from scorekeeper_worker.model.loader import ModelKind, load_model
+from scorekeeper_worker.model.support import UnsupportedModel, supported_architectures
+from scorekeeper_worker.planning.planner import plan, tokenize
+from scorekeeper_worker.serving.service import ScoringService
 from tiny_models import ALL_TINY_MODELS, SPECS, TinyModel
 
 LABELS = [5, 17, 42]

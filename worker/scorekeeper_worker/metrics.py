@@ -8,8 +8,6 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
-from scorekeeper_worker.batching import SIZE_CLASSES
-
 if TYPE_CHECKING:
     from scorekeeper_worker.config import WorkerConfig
 
@@ -26,6 +24,14 @@ COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 STAGES = ("tokenize", "queue", "forward", "scoring", "serialize", "end_to_end")
 REJECTIONS = ("queue_full", "body_too_large", "request_tokens", "response_bytes")
 CANCELLATIONS = ("disconnect", "timeout")
+SIZE_CLASSES = ("small", "medium", "large")  # queue wait by request size (`size_class`)
+
+
+def size_class(tokens: int, max_batch_tokens: int) -> str:
+    """small: fits in an eighth of a batch; medium: fits in one batch; large: spans several batches."""
+    if tokens <= max_batch_tokens // 8:
+        return "small"
+    return "medium" if tokens <= max_batch_tokens else "large"
 
 
 def _version(package: str) -> str:

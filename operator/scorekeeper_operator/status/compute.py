@@ -1,0 +1,224 @@
+"""Pure: observed children → ScoringModel status (conditions, phase, replica counts, endpoint, last failure).
+
+Modelled on the Deployment controller's conditions, so that status does not flap during normal operation:
+- Available: at least the guaranteed replicas minus the disruption the PDB allows serve (any revision). Guaranteed
+  is `replicas`, or with autoscaling `minReplicas`: pods the HPA adds are capacity on its way, not missing.
+- Ready: Available, and the current configuration is rolled out (no pod of an older revision left). So an HPA
+  scale-up, one pod restarting, or a node being added leaves Ready alone; a spec change is Ready once rolled out.
+- Progressing: a rollout or pods starting (scale-up, restart); False when complete or past the progress deadline.
+- Degraded: a pod fails in a way that needs a human (status_pods.SEVERITY), with a specific reason and message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from scorekeeper_operator.render.children import MAX_UNAVAILABLE
+from scorekeeper_operator.render.manifests import CONFIG_HASH_ANNOTATION, Rendered
+from scorekeeper_operator.status.autoscaler import autoscaling_condition
+from scorekeeper_operator.status.events import pod_events
+from scorekeeper_operator.status.pods import PodFailure, PodState, last_failure, pod_state
+
+CONDITION_TYPES = ("Ready", "Available", "Progressing", "ConfigValid", "ModelLoaded", "Degraded", "Autoscaling")
+# An unschedulable pod is a wait (a node may be on its way) for this long, then a failure; at once when the
+# cluster-autoscaler says it cannot add a node. The Deployment's progress deadline includes the same 600 s.
+SCHEDULING_DEADLINE_SECONDS = 600.0
+Condition = tuple[bool | None, str, str]  # (True/False/None=Unknown, reason, message)
+
+
+@dataclass(frozen=True)
+class ConfigError:
+    reason: str  # InvalidSpec | ModelSourceUnavailable | RevisionNotFound | HubAccessDenied | KedaUnavailable |
+    #              ChildConflict | Rejected
+    message: str
+
+
+@dataclass(frozen=True)
+class Desired:
+    """What the operator wants (rendered), or why it cannot want anything (config_error)."""
+
+    generation: int
+    selector: str
+    endpoint: str
+    rendered: Rendered | None
+    fixed_replicas: int | None  # None: the HPA decides
+    config_error: ConfigError | None = None
+    min_replicas: int | None = None  # with autoscaling: the guaranteed capacity
+    startup_seconds: int = 1800
+    model_source: dict[str, str] | None = None  # status.model: the hf:// revision and the commit it resolved to
+    pending_image: str | None = None  # a newer default worker image this model waits to roll out
+
+
+@dataclass(frozen=True)
+class Observed:
+    deployment: dict[str, Any] | None
+    pods: list[dict[str, Any]] = field(default_factory=list)
+    events: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # pod name → its Events
+    autoscaler: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Assessment:
+    status: dict[str, Any]
+    recheck_in: float | None  # seconds until a wait turns into a failure, without any event to say so
+    waiting: bool  # some pod is on its way: its Events may change without a watch event
+
+
+def _conditions(values: dict[str, Condition], previous: list[dict[str, Any]], generation: int,
+                now: str) -> list[dict[str, Any]]:
+    before = {c.get("type"): c for c in previous}
+    result = []
+    for kind in CONDITION_TYPES:
+        if kind not in values:
+            continue
+        flag, reason, message = values[kind]
+        status = "Unknown" if flag is None else "True" if flag else "False"
+        old = before.get(kind, {})
+        since = old.get("lastTransitionTime") if old.get("status") == status and old.get("lastTransitionTime") else now
+        result.append({"type": kind, "status": status, "reason": reason, "message": message,
+                       "lastTransitionTime": since, "observedGeneration": generation})
+    return result
+
+
+def _deployment_condition(deployment: dict[str, Any], kind: str) -> dict[str, Any]:
+    conditions = (deployment.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == kind), {})
+
+
+def _deployment_failure(deployment: dict[str, Any] | None) -> PodFailure | None:
+    if deployment is None:
+        return None
+    name = deployment["metadata"]["name"]
+    progressing = _deployment_condition(deployment, "Progressing")
+    if progressing.get("status") == "False" and progressing.get("reason") == "ProgressDeadlineExceeded":
+        return PodFailure("ProgressDeadlineExceeded", progressing.get("message", ""), name)
+    replica_failure = _deployment_condition(deployment, "ReplicaFailure")
+    if replica_failure.get("status") == "True":  # e.g. a ResourceQuota refuses the pods
+        return PodFailure(replica_failure.get("reason") or "ReplicaFailure", replica_failure.get("message", ""), name)
+    return None
+
+
+def _summary(states: list[PodState]) -> str:
+    waits = [s.wait for s in states if s.wait is not None]
+    return "; ".join(f"{w.pod}: {w.reason} ({w.message})" for w in waits[:3]) + ("; …" if len(waits) > 3 else "")
+
+
+def _phase(error: ConfigError | None, worst: PodFailure | None, ready: bool, exists: bool) -> str:
+    if error is not None:
+        return "Failed"
+    if worst is not None:
+        return "Degraded"
+    return "Ready" if ready else "Progressing" if exists else "Pending"
+
+
+def compute_status(desired: Desired, observed: Observed, previous: dict[str, Any], now: datetime) -> Assessment:
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    dep = observed.deployment
+    dep_status = (dep or {}).get("status") or {}
+    total, updated = dep_status.get("replicas", 0), dep_status.get("updatedReplicas", 0)
+    ready = dep_status.get("readyReplicas", 0)
+    want = desired.fixed_replicas
+    if want is None:  # autoscaled: whatever the HPA set (the API defaults an absent count to 1)
+        want = (dep or {}).get("spec", {}).get("replicas", 1) if dep else 1
+    guaranteed = want if desired.min_replicas is None else min(want, desired.min_replicas)
+    needed = max(1, guaranteed - (MAX_UNAVAILABLE if guaranteed > 1 else 0)) if want > 0 else 0
+    available = want > 0 and ready >= needed
+    config_hash = desired.rendered.config_hash if desired.rendered else None
+    template = (dep or {}).get("spec", {}).get("template", {}).get("metadata", {})
+    current = bool(dep) and config_hash is not None \
+        and (template.get("annotations") or {}).get(CONFIG_HASH_ANNOTATION) == config_hash \
+        and dep_status.get("observedGeneration", 0) >= dep["metadata"].get("generation", 0)
+    rolled_out = current and updated >= want and total == updated
+
+    states = [pod_state(p, pod_events(observed.events.get(p["metadata"]["name"], [])), CONFIG_HASH_ANNOTATION,
+                        now=now, startup_seconds=desired.startup_seconds,
+                        scheduling_deadline=SCHEDULING_DEADLINE_SECONDS)
+              for p in observed.pods if not p["metadata"].get("deletionTimestamp")]
+    # A pod the kubelet evicted or refused stays behind as phase Failed; its replacement is another pod. It matters
+    # while capacity is short (the replacement is not serving yet), then it is history (lastFailure).
+    pod_failures = sorted((s.failure for s in states if s.failure is not None and (ready < want or not s.terminal)),
+                          key=lambda f: f.severity)
+    dep_failure = _deployment_failure(dep)
+    failures = [*pod_failures, *([dep_failure] if dep_failure else [])]
+    worst = failures[0] if failures else None
+    loaded = [s for s in states if s.ready and s.config_hash == config_hash]
+    pods_note = _summary(states)
+
+    error = desired.config_error
+    counts = f"{ready} of {want} pods ready, at least {needed} needed"
+    ready_state: Condition
+    if error is not None:
+        ready_state = (False, error.reason, f"{error.message} (still serving the last applied configuration:"
+                                            f" {ready} ready replicas)")
+    elif dep is None:
+        ready_state = (False, "DeploymentMissing", "the worker Deployment does not exist yet")
+    elif want == 0:
+        ready_state = (False, "ScaledToZero", "replicas is 0: nothing serves requests")
+    elif available and rolled_out:
+        reason = "AllReplicasReady" if ready >= want else "MinimumReplicasAvailable"
+        ready_state = (True, reason, f"{counts} on the current configuration")
+    elif worst is not None:
+        ready_state = (False, worst.reason, f"{worst.pod}: {worst.message}")
+    elif not rolled_out:
+        ready_state = (False, "RollingOut", f"{updated} of {want} pods run the current configuration")
+    else:
+        ready_state = (False, "WaitingForReadyReplicas", f"{counts}; {pods_note}".rstrip("; "))
+
+    deadline = _deployment_condition(dep or {}, "Progressing").get("reason") == "ProgressDeadlineExceeded"
+    progressing: Condition
+    if error is not None:
+        progressing = (False, error.reason, "nothing new is rolled out until the spec is fixed")
+    elif dep is None:
+        progressing = (False, "DeploymentMissing", "the worker Deployment does not exist yet")
+    elif deadline:
+        progressing = (False, "ProgressDeadlineExceeded", _deployment_condition(dep, "Progressing").get("message", ""))
+    elif not rolled_out:
+        progressing = (True, "RollingOut", f"{updated} of {want} pods updated, {total} in total")
+    elif ready < want:
+        progressing = (True, "PodsStarting", f"{ready} of {want} pods ready; {pods_note}".rstrip("; "))
+    else:
+        progressing = (False, "RolloutComplete", f"{ready} of {want} pods ready on the current configuration")
+
+    load_failed = next((f for f in failures if f.reason == "ModelLoadFailed"), None)
+    values: dict[str, Condition] = {
+        "Ready": ready_state,
+        "Available": (available, "MinimumReplicasAvailable" if available else "MinimumReplicasUnavailable", counts),
+        "Progressing": progressing,
+        "ConfigValid": (error is None, error.reason if error else "Valid", error.message if error else "spec accepted"),
+        "ModelLoaded": (bool(loaded), "WorkerReady" if loaded else "ModelLoadFailed" if load_failed else
+                        "Loading" if states else "NoPods",
+                        load_failed.message if load_failed and not loaded else
+                        f"{len(loaded)} pods on the current configuration have the model loaded and warm"),
+        "Degraded": (worst is not None, worst.reason if worst else "Healthy",
+                     f"{worst.pod}: {worst.message}" if worst else "no failing pods"),
+    }
+    if desired.min_replicas is not None:
+        values["Autoscaling"] = autoscaling_condition(observed.autoscaler)
+
+    status: dict[str, Any] = {
+        "observedGeneration": desired.generation,
+        "phase": _phase(error, worst, bool(ready_state[0]), dep is not None and want > 0),
+        "conditions": _conditions(values, previous.get("conditions") or [], desired.generation, stamp),
+        "replicas": total,
+        "readyReplicas": ready,
+        "updatedReplicas": updated,
+        "selector": desired.selector,
+        "endpoint": desired.endpoint,
+    }
+    if desired.rendered is not None:
+        status["configHash"] = desired.rendered.config_hash
+        status["workerArgs"] = desired.rendered.worker_args
+        status["workerImage"] = desired.rendered.worker_image
+    else:  # what the pods still run
+        status.update({k: previous[k] for k in ("workerArgs", "workerImage") if previous.get(k)})
+    if desired.model_source:
+        status["model"] = desired.model_source
+    if desired.pending_image:
+        status["pendingWorkerImage"] = desired.pending_image
+    failure = last_failure(pod_failures, previous.get("lastFailure"))
+    if failure is not None:
+        status["lastFailure"] = failure if failure.get("time") else {**failure, "time": stamp}
+    deadlines = [s.wait.deadline_in for s in states if s.wait is not None and s.wait.deadline_in is not None]
+    return Assessment(status, min(deadlines, default=None), any(s.wait is not None for s in states))

@@ -1,0 +1,213 @@
+"""Pure: what is each worker pod doing? Serving, on its way (a wait), or failing (a failure with a specific reason).
+
+Read from what kubelet, the scheduler and the cluster-autoscaler report: pod phase and conditions, container states
+(with the worker's termination message), and the pod's Events, which carry what pod status cannot (a volume that
+fails to mount or attach, a startup probe that ran out, a node being added). Waits are normal (scheduling, pulling,
+loading, one restart); only failures make the model Degraded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from scorekeeper_operator.status.events import PodEvents
+
+WORKER_CONTAINER = "worker"
+# Most severe first: the Degraded reason is the most severe failure found on any pod.
+SEVERITY = ("ModelLoadFailed", "OOMKilled", "StartupProbeTimeout", "CrashLoopBackOff", "ImagePullBackOff",
+            "ErrImagePull", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError",
+            "RunContainerError", "MultiAttach", "FailedAttachVolume", "FailedMount", "UnexpectedAdmissionError",
+            "Evicted", "PodFailed", "Unschedulable", "ProgressDeadlineExceeded")
+_WAITING_FAILURES = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CreateContainerConfigError",
+                               "CreateContainerError", "RunContainerError"})
+_MESSAGE_LIMIT = 2048  # a termination message is at most 4096 bytes; keep the status readable
+
+
+@dataclass(frozen=True)
+class PodFailure:
+    reason: str
+    message: str
+    pod: str
+    container: str | None = None
+    exit_code: int | None = None
+    time: str | None = None
+
+    @property
+    def severity(self) -> int:
+        return SEVERITY.index(self.reason) if self.reason in SEVERITY else len(SEVERITY)
+
+    def as_status(self) -> dict[str, Any]:
+        """The status.lastFailure shape (camelCase, absent rather than null)."""
+        fields = asdict(self)
+        fields["exitCode"] = fields.pop("exit_code")
+        return {k: v for k, v in fields.items() if v is not None}
+
+    def same_incident(self, other: dict[str, Any]) -> bool:
+        mine = (self.reason, self.pod, self.container)
+        return mine == (other.get("reason"), other.get("pod"), other.get("container"))
+
+
+@dataclass(frozen=True)
+class PodWait:
+    """A pod on its way to serving: Scheduling, NodeProvisioning, ContainerCreating, Loading or Restarting."""
+
+    reason: str
+    message: str
+    pod: str
+    deadline_in: float | None = None  # seconds until this wait becomes a failure (Unschedulable)
+
+
+@dataclass(frozen=True)
+class PodState:
+    name: str
+    config_hash: str | None
+    ready: bool
+    terminal: bool  # phase Failed: evicted or refused by the kubelet; its replacement is another pod
+    failure: PodFailure | None = None
+    wait: PodWait | None = None
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+
+
+def _condition(pod: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == kind), {})
+
+
+def is_ready(pod: dict[str, Any]) -> bool:
+    return _condition(pod, "Ready").get("status") == "True"
+
+
+def _trim(message: str) -> str:
+    message = " ".join(message.split())
+    return message if len(message) <= _MESSAGE_LIMIT else message[:_MESSAGE_LIMIT - 1] + "…"
+
+
+def _served_during(pod: dict[str, Any], run: dict[str, Any]) -> bool:
+    """Did the pod turn Ready while this (terminated) container run lasted? Ready's lastTransitionTime moves only
+    when Ready flips, so a flip after the run started means the run served, then went away."""
+    flipped = _parse_time(_condition(pod, "Ready").get("lastTransitionTime"))
+    started = _parse_time(run.get("startedAt"))
+    return flipped is not None and started is not None and flipped > started
+
+
+def _run_seconds(run: dict[str, Any]) -> float:
+    started, finished = _parse_time(run.get("startedAt")), _parse_time(run.get("finishedAt"))
+    return (finished - started).total_seconds() if started and finished else 0.0
+
+
+def _container_failure(pod: dict[str, Any], status: dict[str, Any], events: PodEvents,
+                       startup_seconds: int) -> PodFailure | None:
+    if status.get("ready"):
+        return None  # it failed before but serves now: history (lastFailure), not a current failure
+    name, podname = status.get("name"), pod["metadata"]["name"]
+    state = status.get("state") or {}
+    waiting = state.get("waiting") or {}
+    run = state.get("terminated") or (status.get("lastState") or {}).get("terminated") or {}
+    exit_code, finished = run.get("exitCode"), run.get("finishedAt")
+    restarts = status.get("restartCount", 0)
+    if run.get("reason") == "OOMKilled":
+        return PodFailure("OOMKilled", f"container {name} was killed for exceeding its memory limit"
+                          f" (restarts: {restarts}); raise resources.memory", podname, name, exit_code, finished)
+    if waiting.get("reason") in _WAITING_FAILURES:
+        message = waiting.get("message") or waiting["reason"]
+        if run:
+            message += f"; last exit code {exit_code} ({run.get('reason', 'Error')})"
+        return PodFailure(waiting["reason"], _trim(message), podname, name, exit_code, finished)
+    if run and exit_code and not _served_during(pod, run):
+        if name == WORKER_CONTAINER and exit_code < 128:  # the worker gave up by itself: its termination message
+            text = run.get("message") or f"the worker exited with code {exit_code} before it was ready"
+            return PodFailure("ModelLoadFailed", _trim(text), podname, name, exit_code, finished)
+        if name == WORKER_CONTAINER and (events.startup_probe_kill or _run_seconds(run) >= startup_seconds):
+            return PodFailure("StartupProbeTimeout", f"model load and warm-up took longer than"
+                              f" rollout.maxStartupSeconds ({startup_seconds}s) and kubelet restarted the worker"
+                              f" (restarts: {restarts}); raise rollout.maxStartupSeconds", podname, name,
+                              exit_code, finished)
+    if waiting.get("reason") == "CrashLoopBackOff":
+        message = waiting.get("message") or "CrashLoopBackOff"
+        if run:
+            message += f"; last exit code {exit_code} ({run.get('reason', 'Error')})"
+            if run.get("message"):
+                message += f": {run['message']}"
+        return PodFailure("CrashLoopBackOff", _trim(message), podname, name, exit_code, finished)
+    return None
+
+
+def _terminal_failure(pod: dict[str, Any]) -> PodFailure:
+    status, name = pod.get("status") or {}, pod["metadata"]["name"]
+    reason = status.get("reason") or "Failed"
+    message = _trim(status.get("message") or reason)
+    if reason in ("Evicted", "UnexpectedAdmissionError"):
+        return PodFailure(reason, message, name, time=status.get("startTime"))
+    return PodFailure("PodFailed", f"{reason}: {message}", name, time=status.get("startTime"))
+
+
+def _scheduling(pod: dict[str, Any], events: PodEvents, now: datetime, deadline: float) -> PodFailure | PodWait:
+    scheduled = _condition(pod, "PodScheduled")
+    name, message = pod["metadata"]["name"], scheduled.get("message") or "no node fits the pod"
+    since = _parse_time(scheduled.get("lastTransitionTime")) or now
+    waited = (now - since).total_seconds()
+    if events.no_scale_up is not None:
+        return PodFailure("Unschedulable", _trim(f"{message}; the cluster-autoscaler cannot add a node:"
+                                                 f" {events.no_scale_up}"), name, time=scheduled.get(
+                                                     "lastTransitionTime"))
+    if waited >= deadline:
+        return PodFailure("Unschedulable", _trim(f"{message} (for {waited / 60:.0f} min)"), name,
+                          time=scheduled.get("lastTransitionTime"))
+    if events.scale_up is not None:
+        return PodWait("NodeProvisioning", _trim(f"a node is being added: {events.scale_up}"), name,
+                       deadline - waited)
+    return PodWait("Scheduling", _trim(message), name, deadline - waited)
+
+
+def pod_state(pod: dict[str, Any], events: PodEvents, config_hash_key: str, *, now: datetime,
+              startup_seconds: int, scheduling_deadline: float) -> PodState:
+    meta, status = pod["metadata"], pod.get("status") or {}
+    config_hash = (meta.get("annotations") or {}).get(config_hash_key)
+    state = PodState(meta["name"], config_hash, ready=is_ready(pod), terminal=status.get("phase") == "Failed")
+    if state.terminal:
+        return replace(state, failure=_terminal_failure(pod))
+    if state.ready:
+        return state
+    if _condition(pod, "PodScheduled").get("reason") == "Unschedulable":
+        outcome = _scheduling(pod, events, now, scheduling_deadline)
+        return replace(state, failure=outcome) if isinstance(outcome, PodFailure) else replace(state, wait=outcome)
+    containers = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+    failures = [f for c in containers if (f := _container_failure(pod, c, events, startup_seconds)) is not None]
+    if failures:
+        return replace(state, failure=min(failures, key=lambda f: f.severity))
+    started = any(set(c.get("state") or {}) - {"waiting"} or c.get("lastState") for c in containers)
+    if not started and events.volume is not None:  # volumes block a pod before any container starts
+        reason, message = events.volume
+        return replace(state, failure=PodFailure(reason, _trim(message), state.name))
+    restarts = sum(c.get("restartCount", 0) for c in containers)
+    if restarts:
+        return replace(state, wait=PodWait("Restarting", f"restarted {restarts} times; loading again", state.name))
+    if started:
+        return replace(state, wait=PodWait("Loading", "loading and warming up the model", state.name))
+    return replace(state, wait=PodWait("ContainerCreating", "pulling the image and mounting volumes", state.name))
+
+
+def needs_events(pod: dict[str, Any]) -> bool:
+    """Pods whose Events can tell more than their status: unscheduled, not yet started, or restarted."""
+    status = pod.get("status") or {}
+    if pod["metadata"].get("deletionTimestamp") or status.get("phase") == "Failed" or is_ready(pod):
+        return False
+    containers = status.get("containerStatuses") or []
+    return status.get("phase") == "Pending" or any(c.get("restartCount") for c in containers)
+
+
+def last_failure(current: list[PodFailure], previous: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The failure to remember: the worst current one, or the previous record while nothing fails.
+
+    The same incident keeps its first record, so an unchanged failure does not rewrite the status on every event.
+    """
+    if not current:
+        return previous
+    worst = current[0]
+    if previous and worst.same_incident(previous):
+        return previous
+    return worst.as_status()

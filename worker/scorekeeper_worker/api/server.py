@@ -1,0 +1,226 @@
+"""HTTP: the FastAPI app (routes, their declared errors) wrapped in pure-ASGI layers, and the server that drains.
+
+Layers, outermost first: RequestContext (request id, metrics, the error of last resort), ApiKeyAuth (with
+--api-key-file), BodyLimit (--max-request-bytes as bytes arrive), then FastAPI's exception handlers and routes.
+Every non-2xx answer goes through one mapping (errors.error_for) and has the same shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.routing import APIRoute
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
+
+from scorekeeper_worker.api.auth import ApiKeyAuth, ApiKeys, is_protected
+from scorekeeper_worker.api.body_limit import BodyLimit
+from scorekeeper_worker.api.disconnect import cancel_on_disconnect
+from scorekeeper_worker.api.drain import Drain, DrainingServer
+from scorekeeper_worker.api.embeddings import embed
+from scorekeeper_worker.api.embeddings import response as embedding_response
+from scorekeeper_worker.api.error_shape import error_responses
+from scorekeeper_worker.api.json_body import JSONRoute
+from scorekeeper_worker.api.metrics_server import MetricsServer
+from scorekeeper_worker.api.request_context import ErrorReporter, RequestContext
+from scorekeeper_worker.api.rerank import rerank
+from scorekeeper_worker.api.termination import EXIT_LOAD_FAILED, failure_reason, write_termination_message
+from scorekeeper_worker.config import WorkerConfig
+from scorekeeper_worker.contract.errors import NotReady
+from scorekeeper_worker.contract.schemas import ModelCard, ModelList, ScoreRequest, ScoreResponse, Status
+from scorekeeper_worker.contract.schemas_compat import (
+    EmbeddingRequest,
+    EmbeddingResponse,
+    RerankRequest,
+    RerankResponse,
+)
+from scorekeeper_worker.logs import install_request_ids, uvicorn_log_config
+from scorekeeper_worker.metrics import WorkerMetrics
+from scorekeeper_worker.serving.gc_pauses import GcPauseObserver
+from scorekeeper_worker.serving.service import ScoringService
+
+log = logging.getLogger(__name__)
+STARTUP_FAILURE = 3  # uvicorn's exit status when the app cannot start (port taken, lifespan failed)
+# Every route can answer these: a wrong method, a body over the limit (any request may carry one), a bug.
+ANY_ROUTE = (405, 413, 500)
+REQUEST_ID_HEADER = {"x-request-id": {"description": "the request's id (the client's x-request-id, or a new one); "
+                                                     "log lines written for the request carry it",
+                                      "schema": {"type": "string"}, "required": True}}
+
+
+def _openapi(app: FastAPI, secured: bool) -> dict[str, Any]:
+    """FastAPI's document, less its 422 (validation errors are 400s here), plus what the ASGI layers add: the
+    x-request-id header, and the bearer scheme on /v1."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        for unused in ("HTTPValidationError", "ValidationError"):
+            schema["components"]["schemas"].pop(unused, None)
+        if secured:
+            schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        for path, operations in schema["paths"].items():
+            for operation in operations.values():
+                operation["responses"].pop("422", None)
+                for response in operation["responses"].values():
+                    response["headers"] = {**response.get("headers", {}), **REQUEST_ID_HEADER}
+                if secured and is_protected(path):
+                    operation["security"] = [{"bearer": []}]
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
+def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI:
+    install_request_ids()
+    metrics = WorkerMetrics()
+    metrics.configure(config)
+    service = ScoringService(config, metrics)
+    drain = Drain()
+    gc_pauses = GcPauseObserver(metrics.gc_pauses)
+    keys = ApiKeys(config.api_key_file) if config.api_key_file is not None else None
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        scrapes = None
+        if config.metrics_port is not None:
+            scrapes = MetricsServer(metrics.registry, config.host, config.metrics_port)
+            scrapes.start()
+
+        def load() -> None:
+            try:
+                service.load()
+            except Exception as error:  # never ready; `run` writes the reason and exits non-zero
+                service.failure = failure_reason(config.model, error)
+                service.failed = True
+                log.exception("model failed to load")
+                on_failure: Callable[[str], None] | None = getattr(app.state, "on_load_failure", None)
+                if on_failure is not None:
+                    on_failure(service.failure)
+
+        gc_pauses.install()
+        loader = threading.Thread(target=load, name="scorekeeper-load", daemon=True)
+        loader.start()
+        if not load_in_background:
+            loader.join()
+        yield
+        service.stop()  # the server has already drained in-flight HTTP requests
+        gc_pauses.remove()
+        if scrapes is not None:
+            scrapes.stop()
+
+    app = FastAPI(title="Scorekeeper worker", version="0.1.0", lifespan=lifespan)
+    app.router.route_class = JSONRoute
+    app.state.service = service
+    app.state.metrics = metrics
+    app.state.drain = drain
+
+    reporter = ErrorReporter(metrics)
+
+    async def on_error(request: Request, error: Exception) -> Response:
+        return reporter.answer(error, request.method, request.url.path)
+
+    app.add_exception_handler(HTTPException, on_error)
+    app.add_exception_handler(RequestValidationError, on_error)
+    routes: set[str] = set()  # filled once every route is declared (end of create_app)
+    app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes)  # innermost of the three
+    if keys is not None:
+        app.add_middleware(ApiKeyAuth, keys=keys)
+    app.add_middleware(RequestContext, metrics=metrics, drain=drain, routes=routes, reporter=reporter)
+
+    v1 = (401,) if keys is not None else ()
+    scoring_errors = error_responses(400, *v1, 429, 503, 504, *ANY_ROUTE)
+
+    # Scoring routes race their work against the client's connection (a disconnect drops the queued work) and
+    # serialise in a worker thread (a large response must not stall the event loop).
+    @app.post("/v1/score", response_model=ScoreResponse, responses=scoring_errors)
+    async def score(body: ScoreRequest, http: Request) -> Response:
+        response = await cancel_on_disconnect(service.score(body), http.receive)
+        started = time.perf_counter()
+        content = await asyncio.to_thread(response.model_dump_json)
+        metrics.stage_seconds.labels("serialize").observe(time.perf_counter() - started)
+        return Response(content, media_type="application/json")
+
+    # /v2/rerank: the path Cohere's v2 clients post to (vLLM serves it too); the same route.
+    @app.post("/v1/rerank", response_model=RerankResponse, responses=scoring_errors)
+    @app.post("/v2/rerank", response_model=RerankResponse, responses=scoring_errors)
+    async def rerank_route(body: RerankRequest, http: Request) -> Response:
+        response = await cancel_on_disconnect(rerank(service, body), http.receive)
+        # Cohere and Jina leave out what was not asked for (a result's document, an id the document did not have).
+        content = await asyncio.to_thread(response.model_dump_json, exclude_none=True)
+        return Response(content, media_type="application/json")
+
+    @app.post("/v1/embeddings", response_model=EmbeddingResponse, responses=scoring_errors)
+    async def embeddings_route(body: EmbeddingRequest, http: Request) -> Response:
+        vectors, prompt_tokens = await cancel_on_disconnect(embed(service, body), http.receive)
+        response = await asyncio.to_thread(embedding_response, body, vectors, prompt_tokens)
+        return Response(await asyncio.to_thread(response.model_dump_json), media_type="application/json")
+
+    @app.get("/v1/models", response_model=ModelList, responses=error_responses(*v1, *ANY_ROUTE))
+    async def models() -> ModelList:
+        model = service.model
+        cards = [] if model is None else [ModelCard(id=model.name, kind=model.kind.value,
+                                                    max_positions=model.max_positions)]
+        return ModelList(data=cards)
+
+    @app.get("/health", response_model=Status, responses=error_responses(503, *ANY_ROUTE))
+    async def health() -> Status:
+        if service.failed:  # the process is about to exit; a liveness probe must not keep it around either
+            raise NotReady(service.failure or "model failed to load")
+        return Status(status="alive")
+
+    @app.get("/ready", response_model=Status, responses=error_responses(503, *ANY_ROUTE))
+    async def ready() -> Status:
+        if drain.started:
+            raise NotReady("draining: the worker is shutting down")
+        if not service.ready:
+            raise NotReady(service.failure or "model failed to load" if service.failed else "model is loading")
+        return Status(status="ready")
+
+    if config.metrics_port is None:  # otherwise /metrics lives on its own port, alone
+        @app.get("/metrics", response_class=Response, responses={
+            200: {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}},
+            **error_responses(*ANY_ROUTE)})
+        async def metrics_route() -> Response:
+            return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    routes.update(route.path for route in app.routes if isinstance(route, APIRoute))
+    app.openapi = lambda: _openapi(app, secured=keys is not None)  # type: ignore[method-assign]
+    return app
+
+
+def build_server(config: WorkerConfig) -> DrainingServer:
+    app = create_app(config)
+    level = config.log_level.value
+    uvicorn_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=level,
+                                    log_config=uvicorn_log_config(level),
+                                    timeout_graceful_shutdown=max(1, math.ceil(config.drain_timeout_seconds)))
+    return DrainingServer(uvicorn_config, app.state.drain, config.drain_timeout_seconds)
+
+
+def run(config: WorkerConfig) -> None:
+    """Serve until stopped; a model that fails to load (or fails the self-check) writes its reason to the
+    termination-message file, stops the server and exits with EXIT_LOAD_FAILED."""
+    server = build_server(config)
+    service = server.config.app.state.service
+
+    def on_load_failure(reason: str) -> None:
+        write_termination_message(config.termination_log, reason)
+        server.should_exit = True
+
+    server.config.app.state.on_load_failure = on_load_failure
+    server.run()
+    if service.failed:
+        log.error("exiting with status %d: %s", EXIT_LOAD_FAILED, service.failure)
+        sys.exit(EXIT_LOAD_FAILED)
+    if not server.started:
+        sys.exit(STARTUP_FAILURE)

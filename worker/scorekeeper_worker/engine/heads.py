@@ -1,0 +1,88 @@
+"""Heads applied to gathered rows only (never to every token): pure functions over tensors.
+
+Each takes pooled trunk outputs `rows [n, H]` (one per scored item) and returns scores `[n, k]`. Classifier heads are
+the model's own modules (the support matrix names them), so a head is never re-implemented here. Scores are computed
+so they stay finite for every finite temperature > 0: softmax subtracts the maximum before dividing by the
+temperature (in float64), so a tiny temperature tends to the arg-max one-hot and a huge one to the uniform
+distribution, instead of overflowing to inf - inf = NaN."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from scorekeeper_worker.model.loader import HeadModules, ScoringModel
+
+
+def _apply(modules: HeadModules, x: torch.Tensor) -> torch.Tensor:
+    for module, reads_sequence in modules:
+        x = module(x[:, None, :]) if reads_sequence else module(x)
+    return x
+
+
+# Logits the full-vocabulary normaliser materialises at once: rows are taken in chunks of this many logits in all
+# (16 M: 64 MB of float32, ~110 rows of a 150k vocabulary), so its memory does not grow with the items of a job.
+NORMALISER_ELEMENTS = 1 << 24
+
+
+def pre_head(model: ScoringModel, rows: torch.Tensor) -> torch.Tensor:
+    """The vector the head consumes (what `return_pooled_hidden_states` returns): the trunk's pooled row, through
+    the trunk's own pooler where the classifier reads that (BERT)."""
+    return _apply(model.pre_head, rows)
+
+
+def classifier_logits(model: ScoringModel, features: torch.Tensor) -> torch.Tensor:
+    """The model's own head modules on pre-head features → float32 logits [n, num_labels]."""
+    return _apply(model.head, features).float()
+
+
+def _softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    shifted = logits.double() - logits.double().amax(dim=-1, keepdim=True)  # ≤ 0, and exactly 0 at the maximum
+    return torch.softmax(shifted / temperature, dim=-1)
+
+
+def classifier_scores(logits: torch.Tensor, apply_softmax: bool, temperature: float) -> torch.Tensor:
+    """Raw logits, or probabilities over classes; a single-logit model gets sigmoid (not SGLang's constant 1.0)."""
+    if not apply_softmax:
+        return logits
+    if logits.shape[-1] == 1:
+        return torch.sigmoid(logits.double() / temperature)  # ±inf for extreme temperatures: sigmoid is 0 or 1
+    return _softmax(logits, temperature)
+
+
+def _softcap(model: ScoringModel, logits: torch.Tensor) -> torch.Tensor:
+    cap = getattr(model.model.config, "final_logit_softcapping", None)
+    return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+def causal_lm_scores(model: ScoringModel, rows: torch.Tensor, labels: torch.Tensor, apply_softmax: bool,
+                     temperature: float) -> torch.Tensor:
+    """`labels [n, k]`. apply_softmax: softmax over the label logits only (needs k rows of the output embedding);
+    otherwise true probabilities exp(log_softmax)[labels], whose normaliser needs the full vocabulary."""
+    head = model.model.get_output_embeddings()
+    weight = head.weight[labels]  # [n, k, H]
+    label_logits = torch.einsum("nh,nkh->nk", rows, weight).float()
+    if head.bias is not None:
+        label_logits = label_logits + head.bias[labels].float()
+    label_logits = _softcap(model, label_logits)
+    if apply_softmax:
+        return _softmax(label_logits, temperature)
+    return torch.exp(label_logits - _log_normaliser(model, head, rows))
+
+
+def _log_normaliser(model: ScoringModel, head: torch.nn.Module, rows: torch.Tensor) -> torch.Tensor:
+    """logsumexp over the full vocabulary [n, 1], a chunk of rows at a time."""
+    step = max(1, NORMALISER_ELEMENTS // model.logit_size)
+    return torch.cat([torch.logsumexp(_softcap(model, head(rows[i:i + step]).float()), dim=-1, keepdim=True)
+                      for i in range(0, rows.shape[0], step)])
+
+
+def embeddings(model: ScoringModel, pooled: torch.Tensor) -> torch.Tensor:
+    """What `SentenceTransformer.encode` returns: the pooled rows, L2-normalised when the model's modules.json ends
+    with Normalize."""
+    return F.normalize(pooled.float(), p=2.0, dim=-1) if model.normalize else pooled.float()
+
+
+def cosine_scores(query: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+    """[H] and [n, H] → [n, 1] cosine similarities, computed in float32."""
+    return F.cosine_similarity(items.float(), query.float()[None, :], dim=-1)[:, None]

@@ -1,0 +1,240 @@
+"""Load a local Hugging Face directory or a .gguf file as one of the kinds the support matrix lists, or refuse it.
+
+Refused at load, with a message naming what is wrong: an architecture outside the matrix (support.py), weights
+that transformers would initialise at random or that do not fit (missing / mismatched parameters, a head saved
+under other names), sentence-transformers modules the engine does not apply, and tokenizers whose special tokens are not
+`prefix + text + suffix`."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from scorekeeper_worker.config import Device, DType
+from scorekeeper_worker.kernels.attention import ATTENTION_NAME
+from scorekeeper_worker.model.dtypes import DTypeChoice, choose_dtype, detect_hardware, dtype_name
+from scorekeeper_worker.model.prompt_template import PromptTemplate
+from scorekeeper_worker.model.special_tokens import PairLayout, SpecialTokens, pair_layout, special_tokens
+from scorekeeper_worker.model.support import (
+    ArchitectureSupport,
+    Execution,
+    HeadStep,
+    KindSupport,
+    ModelKind,
+    Pooling,
+    PoolingSource,
+    UnsupportedModel,
+    resolve,
+)
+
+__all__ = ["HeadModules", "ModelKind", "Pooling", "ScoringModel", "load_model"]
+log = logging.getLogger(__name__)
+
+_AUTO_CLASS = {ModelKind.CAUSAL_LM: AutoModelForCausalLM, ModelKind.EMBEDDING: AutoModel,
+               ModelKind.CLASSIFIER: AutoModelForSequenceClassification,
+               ModelKind.CROSS_ENCODER: AutoModelForSequenceClassification}
+# sentence-transformers modules that do not change cosine scores (Normalize only rescales).
+_SENTENCE_TRANSFORMERS_MODULES = {"Transformer", "Pooling", "Normalize"}
+_POOLING_MODES = {"pooling_mode_cls_token": Pooling.CLS, "pooling_mode_mean_tokens": Pooling.MEAN,
+                  "pooling_mode_lasttoken": Pooling.LAST}
+
+HeadModules = tuple[tuple[torch.nn.Module, bool], ...]  # (module, reads token 0 of a sequence)
+
+
+@dataclass
+class ScoringModel:
+    """A loaded model split into the trunk we run on packed batches and the head we apply to gathered rows."""
+
+    name: str
+    kind: ModelKind
+    model: PreTrainedModel
+    trunk: torch.nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    dtype: torch.dtype
+    device: torch.device
+    hidden_size: int
+    logit_size: int  # causal LM: rows of the output embedding; classifiers: num_labels
+    max_positions: int
+    position_start: int
+    uses_token_types: bool
+    pooling: Pooling
+    specials: SpecialTokens  # where the tokenizer puts its specials around one sequence
+    support: ArchitectureSupport
+    pre_head: HeadModules = ()
+    head: HeadModules = ()
+    pair: PairLayout | None = None  # cross-encoders: the tokenizer's pair template
+    normalize: bool = False  # embedding models: a sentence-transformers Normalize module follows the pooling
+    lowercase: bool = False  # embedding models: sentence-transformers lower-cases texts (do_lower_case)
+    # Set by the service from --prompt-template / --label-tokens (decoders): the prompt every text pair is wrapped
+    # in, and the label tokens a request that sends none gets.
+    template: PromptTemplate | None = None
+    default_labels: list[int] | None = None
+
+    @property
+    def is_decoder(self) -> bool:
+        return self.kind in (ModelKind.CAUSAL_LM, ModelKind.CLASSIFIER)
+
+    @property
+    def packed(self) -> bool:
+        return self.support.execution == Execution.PACKED
+
+    @property
+    def has_pooled_hidden_states(self) -> bool:
+        return self.kind != ModelKind.CAUSAL_LM
+
+
+def _sentence_transformers_pooling(path: Path) -> Pooling | None:
+    """The pooling of a sentence-transformers directory (modules.json), or None without one. Modules that would change
+    the embedding beyond what the engine computes (Dense, max pooling, ...) are refused."""
+    modules_file = path / "modules.json"
+    if not modules_file.exists():
+        return None
+    pooling: Pooling | None = None
+    for module in json.loads(modules_file.read_text()):
+        module_type = module.get("type", "").rsplit(".", 1)[-1]
+        if module_type not in _SENTENCE_TRANSFORMERS_MODULES:
+            raise UnsupportedModel(f"sentence-transformers module {module.get('type')!r} ({module.get('path')}) "
+                                   f"is not applied by the engine; supported: {sorted(_SENTENCE_TRANSFORMERS_MODULES)}")
+        if module_type == "Pooling":
+            settings = json.loads((path / module["path"] / "config.json").read_text())
+            modes = [key for key, value in settings.items() if key.startswith("pooling_mode") and value]
+            if len(modes) != 1 or modes[0] not in _POOLING_MODES:
+                raise UnsupportedModel(f"sentence-transformers pooling {modes} is not supported; exactly one of "
+                                       f"{sorted(_POOLING_MODES)}")
+            pooling = _POOLING_MODES[modes[0]]
+    return pooling
+
+
+def _sentence_transformers_normalize(path: Path) -> bool:
+    """Whether modules.json ends the pipeline with Normalize: `SentenceTransformer.encode` then returns unit vectors
+    (/v1/embeddings does too; a cosine does not change)."""
+    modules_file = path / "modules.json"
+    types = [m.get("type", "").rsplit(".", 1)[-1] for m in json.loads(modules_file.read_text())] \
+        if modules_file.exists() else []
+    return "Normalize" in types
+
+
+def _sentence_transformers_settings(path: Path) -> tuple[int | None, bool]:
+    """sentence_bert_config.json: (max_seq_length, do_lower_case). sentence-transformers cuts every text to
+    max_seq_length tokens, so beyond it the model was never meant to run (TEI and vLLM cap their length there too)."""
+    settings_file = path / "sentence_bert_config.json"
+    if not settings_file.exists():
+        return None, False
+    settings = json.loads(settings_file.read_text())
+    return settings.get("max_seq_length"), bool(settings.get("do_lower_case", False))
+
+
+def _pooling(path: Path, config: object, kind: KindSupport) -> Pooling:
+    if kind.pooling_source == PoolingSource.CLASSIFIER_POOLING:
+        return Pooling(getattr(config, "classifier_pooling", kind.pooling.value))
+    if kind.pooling_source == PoolingSource.SENTENCE_TRANSFORMERS:
+        return _sentence_transformers_pooling(path) or kind.pooling
+    return kind.pooling
+
+
+def _check_weights(info: Mapping[str, Iterable[object]], arch: ArchitectureSupport, kind: KindSupport,
+                   prefix: str) -> None:
+    """transformers' loading report (`output_loading_info=True`) → refuse anything it initialised at random or could
+    not load as saved."""
+    unused = arch.unused_in_embedding if kind.kind == ModelKind.EMBEDDING else ()
+    missing = sorted(str(k) for k in info.get("missing_keys", ()) if not str(k).startswith(unused))
+    mismatched = sorted(str(k) for k in info.get("mismatched_keys", ()))
+    unexpected = sorted(str(k) for k in info.get("unexpected_keys", ()))
+    problems = []
+    if missing:
+        problems.append(f"missing from the checkpoint (transformers would initialise them at random): {missing}")
+    if mismatched:
+        problems.append(f"saved with other shapes: {mismatched}")
+    stray = [k for k in unexpected if not k.startswith(prefix + ".")] if kind.head else []
+    if stray:  # head weights under names this class does not use: a head saved by another class
+        problems.append(f"in the checkpoint but not used by {arch.class_prefix}{kind.class_suffix}: {stray}")
+    if problems:
+        raise UnsupportedModel("incomplete or mismatched weights: parameters " + "; parameters ".join(problems))
+    if unexpected:
+        log.warning("checkpoint parameters not used by %s%s: %s", arch.class_prefix, kind.class_suffix, unexpected)
+
+
+def _modules(model: PreTrainedModel, steps: tuple[HeadStep, ...]) -> HeadModules:
+    return tuple((model.get_submodule(step.module), step.sequence) for step in steps)
+
+
+def _load_hf(path: Path, dtype: DType, device: Device) -> tuple[PreTrainedModel, ArchitectureSupport, KindSupport,
+                                                               DTypeChoice]:
+    config = AutoConfig.from_pretrained(path)
+    architecture = (config.architectures or [type(config).__name__])[0]
+    arch, kind = resolve(architecture, config.model_type)
+    choice = choose_dtype(dtype, getattr(config, "dtype", None), detect_hardware(device))
+    model, info = _AUTO_CLASS[kind.kind].from_pretrained(path, dtype=choice.dtype, output_loading_info=True)
+    if type(model).__name__ != architecture:  # the auto class chose another class than the checkpoint names
+        raise UnsupportedModel(f"{architecture} loaded as {type(model).__name__}; the checkpoint's own class is needed")
+    _check_weights(info, arch, kind, model.base_model_prefix)
+    return model, arch, kind, choice
+
+
+def load_model(path: Path, dtype: DType, device: str, name: str) -> ScoringModel:
+    device_kind = Device(device)
+    if path.suffix == ".gguf":
+        from scorekeeper_worker.model.files import load_gguf  # checks that every parameter was converted
+
+        choice = choose_dtype(dtype, None, detect_hardware(device_kind))
+        model, tokenizer = load_gguf(path, choice.dtype)
+        arch, kind = resolve(type(model).__name__, model.config.model_type)
+    else:
+        model, arch, kind, choice = _load_hf(path, dtype, device_kind)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    model = model.to(device=device, dtype=choice.dtype).eval()
+    model.requires_grad_(False)
+    if arch.execution == Execution.PACKED:
+        model.set_attn_implementation(ATTENTION_NAME)
+    config = model.config
+    trunk = model if kind.kind == ModelKind.EMBEDDING else model.base_model
+    offset = config.pad_token_id + 1 if arch.position_offset else 0
+    if kind.kind == ModelKind.CAUSAL_LM:
+        logit_size = model.get_output_embeddings().weight.shape[0]
+    else:
+        logit_size = getattr(config, "num_labels", 0)
+    pooling = _pooling(path, config, kind)
+    max_positions = config.max_position_embeddings - offset
+    normalize = lowercase = False
+    if kind.kind == ModelKind.EMBEDDING and path.is_dir():
+        max_seq_length, lowercase = _sentence_transformers_settings(path)
+        max_positions = min(max_positions, max_seq_length or max_positions)
+        normalize = _sentence_transformers_normalize(path)
+    log.info("loaded %s (%s, %s pooling) from %s; dtype %s (%s)", type(model).__name__, kind.kind, pooling, path,
+             dtype_name(choice.dtype), choice.reason)
+    return ScoringModel(
+        name=name,
+        kind=kind.kind,
+        model=model,
+        trunk=trunk,
+        tokenizer=tokenizer,
+        dtype=model.dtype,
+        device=torch.device(device),
+        hidden_size=config.hidden_size,
+        logit_size=logit_size,
+        max_positions=max_positions,
+        position_start=offset,
+        uses_token_types=getattr(config, "type_vocab_size", 0) > 1,
+        pooling=pooling,
+        specials=special_tokens(tokenizer),
+        support=arch,
+        pre_head=_modules(model, kind.pre_head),
+        head=_modules(model, kind.head),
+        pair=pair_layout(tokenizer) if kind.kind == ModelKind.CROSS_ENCODER else None,
+        normalize=normalize,
+        lowercase=lowercase,
+    )

@@ -1,0 +1,158 @@
+"""Validated request → the token sequences to score (pure, CPU): texts tokenized, specials placed where the tokenizer
+puts them, and long inputs cut or split by the request's rules (spec "Long inputs").
+
+Query and items are tokenized separately and joined at token level (spec "Score semantics"), which is what makes
+multi-item scores equal single-item scores. Long inputs are cut on the plain tokens, before the specials are
+placed, so a special token is never cut: an item is cut to `max_tokens_per_item`, then, if query + item + specials
+still exceed the model's maximum, cut to fit (`truncate`) or split into consecutive windows that each fit beside
+the query (`chunk`, /v1/rerank); the query is cut only when it alone cannot fit. Decoders with a prompt template
+render and tokenize whole prompts instead (planning/template_encoding.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from scorekeeper_worker.contract.errors import BadRequest
+from scorekeeper_worker.model.loader import ModelKind, ScoringModel
+from scorekeeper_worker.model.special_tokens import BARE_PAIR, PairLayout
+
+
+class Direction(StrEnum):
+    LEFT = "left"
+    RIGHT = "right"
+
+
+@dataclass(frozen=True)
+class LengthRules:
+    """How a request's long inputs are handled; `field` names its items in messages ("items", "documents")."""
+
+    truncate: bool = False
+    direction: Direction = Direction.RIGHT
+    max_item_tokens: int | None = None
+    chunk: bool = False
+    max_chunks: int = 8
+    field: str = "items"
+
+
+@dataclass
+class Tokenized:
+    """Decoders: `query` holds the tokens every item follows (specials, template prefix), `items` the rest of each
+    sequence. Embedding models: each sequence whole. Cross-encoders: plain tokens, joined by `pair`. `rows_of[r]` is
+    the request item behind `items[r]` (a chunked document has one row per window)."""
+
+    query: list[int]
+    items: list[list[int]]
+    rows_of: list[int]
+    field: str = "items"
+    pair: PairLayout | None = None
+
+
+def cut(ids: list[int], keep: int, direction: Direction) -> list[int]:
+    if len(ids) <= keep:
+        return ids
+    return ids[:keep] if direction == Direction.RIGHT else ids[len(ids) - keep:]
+
+
+def window_bounds(length: int, size: int, max_windows: int, direction: Direction) -> list[tuple[int, int]]:
+    """Consecutive windows of `size` covering `length` tokens, at most `max_windows`, in document order: from the
+    start (right: the end is dropped when there are more) or aligned to the end (left: the start is dropped)."""
+    if direction == Direction.RIGHT:
+        return [(start, min(start + size, length)) for start in range(0, length, size)][:max_windows]
+    ends = list(range(length, 0, -size))[:max_windows]
+    return [(max(0, end - size), end) for end in reversed(ends)]
+
+
+def too_long(where: str, length: int, limit: int, hint: str = "") -> BadRequest:
+    return BadRequest(f"{where}: sequence of {length} tokens exceeds the model's maximum of {limit}{hint}")
+
+
+TRUNCATE_HINT = " (send \"truncate\": true to cut it to fit)"
+
+
+def fit_query(query: list[int], overhead: int, limit: int, rules: LengthRules) -> list[int]:
+    """The query with `overhead` tokens around it: cut only if it alone cannot fit."""
+    if len(query) + overhead <= limit:
+        return query
+    if not rules.truncate:
+        raise too_long("query", len(query) + overhead, limit, TRUNCATE_HINT)
+    return cut(query, max(0, limit - overhead), rules.direction)
+
+
+def fit_item(ids: list[int], room: int, limit: int, rules: LengthRules, where: str) -> list[list[int]]:
+    """One item's tokens as the rows to score: itself, cut, or its windows; `room` is what fits beside the rest."""
+    if rules.max_item_tokens is not None:
+        ids = cut(ids, rules.max_item_tokens, rules.direction)
+    if len(ids) <= room:
+        return [ids]
+    if rules.chunk:
+        if room < 1:
+            raise BadRequest(f"{where}: the query leaves no room for a window of it within the model's maximum of "
+                             f"{limit} tokens")
+        return [ids[a:b] for a, b in window_bounds(len(ids), room, rules.max_chunks, rules.direction)]
+    if rules.truncate:
+        return [cut(ids, room, rules.direction)]
+    raise too_long(where, len(ids) + limit - room, limit, TRUNCATE_HINT)
+
+
+def _vocab_check(model: ScoringModel, sequences: list[list[int]], field_name: str) -> None:
+    size = model.model.get_input_embeddings().num_embeddings
+    for seq in sequences:
+        for token in seq:
+            if not 0 <= token < size:
+                raise BadRequest(f"{field_name}: token id {token} is out of range [0, {size})")
+
+
+@dataclass
+class Inputs:
+    """A request's query and items as plain tokens, before any special token or cut."""
+
+    query: list[int]
+    items: list[list[int]]
+    verbatim: bool  # token-id inputs: no special tokens are added
+    item_first: bool = False
+
+
+def plain_tokens(model: ScoringModel, query: str | list[int], items: list[str] | list[list[int]],
+                 field_name: str) -> Inputs:
+    if isinstance(query, list):  # token ids are used verbatim
+        token_items = [list(item) for item in items]  # type: ignore[arg-type]
+        _vocab_check(model, [query], "query")
+        _vocab_check(model, token_items, field_name)
+        return Inputs(list(query), token_items, verbatim=True)
+    texts: list[str] = [query, *items]  # type: ignore[list-item]
+    if model.lowercase:  # sentence-transformers' do_lower_case
+        texts = [text.lower() for text in texts]
+    encoded = [list(ids) for ids in model.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    return Inputs(encoded[0], encoded[1:], verbatim=False)
+
+
+def encode(model: ScoringModel, inputs: Inputs, rules: LengthRules) -> Tokenized:
+    """Cut and join plain tokens by the model kind's layout (see Tokenized)."""
+    limit, where = model.max_positions, rules.field
+    specials = model.specials
+    prefix, suffix = ([], []) if inputs.verbatim else (specials.prefix, specials.suffix)
+    rows: list[list[int]] = []
+    rows_of: list[int] = []
+
+    def add(index: int, room: int) -> None:
+        for window in fit_item(inputs.items[index], room, limit, rules, f"{where}[{index}]"):
+            rows.append(window)
+            rows_of.append(index)
+
+    if model.kind == ModelKind.EMBEDDING:  # every sequence alone
+        overhead = len(prefix) + len(suffix)
+        query = fit_query(inputs.query, overhead, limit, rules)
+        for index in range(len(inputs.items)):
+            add(index, limit - overhead)
+        return Tokenized(prefix + query + suffix, [prefix + row + suffix for row in rows], rows_of, where)
+    pair = (BARE_PAIR if inputs.verbatim else model.pair) if model.kind == ModelKind.CROSS_ENCODER else None
+    overhead = pair.overhead if pair is not None else len(prefix) + len(suffix)
+    query = fit_query(inputs.query, overhead, limit, rules)
+    for index in range(len(inputs.items)):
+        add(index, limit - overhead - len(query))
+    if pair is not None:
+        return Tokenized(query, rows, rows_of, where, pair)
+    if inputs.item_first:  # item + query: the query closes every sequence
+        return Tokenized(query + suffix, [prefix + row for row in rows], rows_of, where)
+    return Tokenized(prefix + query, [row + suffix for row in rows], rows_of, where)

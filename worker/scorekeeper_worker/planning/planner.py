@@ -1,0 +1,165 @@
+"""Validated request → tokenized sequences (encoding.py, template_encoding.py) → the pack units that score it
+(pure, CPU), with the planned tokens admitted (`--max-request-tokens`) before any unit is built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scorekeeper_worker.contract.schemas import BadRequest, RequestTooLarge, ScoreRequest
+from scorekeeper_worker.engine.jobs import QUERY_SLOT
+from scorekeeper_worker.engine.packing import PackUnit, Pool
+from scorekeeper_worker.model.loader import ModelKind, Pooling, ScoringModel
+from scorekeeper_worker.planning import template_encoding
+from scorekeeper_worker.planning.encoding import Direction, LengthRules, Tokenized, encode, plain_tokens
+
+
+@dataclass
+class ScorePlan:
+    units: list[PackUnit]
+    prompt_tokens: int
+    multi_item: bool
+
+
+def length_rules(request: ScoreRequest) -> LengthRules:
+    return LengthRules(truncate=request.truncate, direction=Direction(request.truncation_direction),
+                       max_item_tokens=request.max_tokens_per_item)
+
+
+def _check_prompt(model: ScoringModel, request: ScoreRequest, text: bool) -> None:
+    """`instruct` fills the server's prompt template (decoder models only: refused at start-up for others), which
+    wraps text pairs only."""
+    template = model.template
+    if template is not None and text and request.item_first:
+        raise BadRequest("item_first: this server's prompt template (--prompt-template) places the item itself")
+    if request.instruct is None:
+        return
+    if template is None:
+        raise BadRequest("instruct: this server has no prompt template (--prompt-template) to put it in")
+    if not text:
+        raise BadRequest("instruct: token-id inputs are used verbatim, without the prompt template; send text")
+    if not template.has_instruct:
+        raise BadRequest(f"instruct: the prompt template {template.name} has no {{instruct}}")
+
+
+def tokenize(model: ScoringModel, request: ScoreRequest, rules: LengthRules | None = None) -> Tokenized:
+    """The request's sequences: text pairs of a decoder through the server's prompt template when it has one
+    (token ids are always used verbatim), everything else joined at token level."""
+    rules = rules or length_rules(request)
+    text = isinstance(request.query, str)
+    _check_prompt(model, request, text)
+    if model.template is not None and text:
+        return template_encoding.encode(model, model.template, request.query, request.item_list,  # type: ignore[arg-type]
+                                        request.instruct, rules)
+    inputs = plain_tokens(model, request.query, request.item_list, rules.field)  # type: ignore[arg-type]
+    inputs.item_first = request.item_first
+    return encode(model, inputs, rules)
+
+
+def _too_long(model: ScoringModel, length: int, what: str) -> None:
+    if length > model.max_positions:
+        raise BadRequest(f"{what}: sequence of {length} tokens exceeds the model's maximum of {model.max_positions}")
+    if length == 0:
+        raise BadRequest(f"{what}: empty sequence (empty query and empty item, no special tokens) cannot be scored")
+
+
+def _pooled(pooling: Pooling, length: int) -> range:
+    """The tokens of a sequence whose outputs are averaged into its pooled row."""
+    return {Pooling.CLS: range(1), Pooling.MEAN: range(length), Pooling.LAST: range(length - 1, length)}[pooling]
+
+
+def _admit(planned: int, limit: int | None, how: str, field: str) -> None:
+    """The `--max-request-tokens` check, on the planned count, before any unit is built (so a request over it costs
+    a pass over its lengths, never the tokens it would plan)."""
+    if limit is not None and planned > limit:
+        raise RequestTooLarge(f"{field}: the request would run {planned} tokens through the model ({how}), over this "
+                              f"server's limit of {limit} (--max-request-tokens); split it into smaller requests")
+
+
+def _where(tokens: Tokenized, row: int) -> str:
+    return f"{tokens.field}[{tokens.rows_of[row]}]"
+
+
+def _mis_chunks(context: int, rows: list[int], max_batch_tokens: int) -> list[range]:
+    """Items per multi-item chunk: the context (query + delimiter) and as many item rows as fit the batch budget,
+    at least one."""
+    chunks: list[range] = []
+    first, size = 0, context
+    for i, row in enumerate(rows):
+        if i > first and size + row > max_batch_tokens:
+            chunks.append(range(first, i))
+            first, size = i, context
+        size += row
+    if rows:
+        chunks.append(range(first, len(rows)))
+    return chunks
+
+
+def plan(model: ScoringModel, request: ScoreRequest, tokens: Tokenized, job: object, multi_item: bool,
+         max_batch_tokens: int, delimiter: int | None, max_request_tokens: int | None = None,
+         query_row: bool = True) -> ScorePlan:
+    """Pack units for one request; `job` is stored in each Pool's owner as (job, row index). Lengths are checked
+    and the planned tokens admitted (`max_request_tokens`) before any unit is built. `query_row`: embedding models
+    embed the query too (False: the items alone, /v1/embeddings)."""
+    start, field = model.position_start, tokens.field
+    if model.kind == ModelKind.CROSS_ENCODER:
+        pair = tokens.pair
+        assert pair is not None
+        lengths = [pair.overhead + len(tokens.query) + len(item) for item in tokens.items]
+        for row, length in enumerate(lengths):
+            _too_long(model, length, _where(tokens, row))
+        planned = sum(lengths)
+        _admit(planned, max_request_tokens, "the query is repeated for every item", field)
+        units = []
+        for row, (item, length) in enumerate(zip(tokens.items, lengths, strict=True)):
+            ids, types = pair.join(item, tokens.query) if request.item_first else pair.join(tokens.query, item)
+            units.append(PackUnit(ids, token_types=types if model.uses_token_types else None, position_start=start,
+                                  pools=[Pool(_pooled(model.pooling, length), (job, row))]))
+        return ScorePlan(units, planned, False)
+    if model.kind == ModelKind.EMBEDDING:
+        sequences = [(QUERY_SLOT, tokens.query)] if query_row else []
+        sequences += enumerate(tokens.items)
+        for slot, ids in sequences:
+            _too_long(model, len(ids), "query" if slot == QUERY_SLOT else _where(tokens, slot))
+        planned = sum(len(ids) for _, ids in sequences)
+        _admit(planned, max_request_tokens, "the query and every item once" if query_row else "every input once",
+               field)
+        units = [PackUnit(ids, position_start=start, pools=[Pool(_pooled(model.pooling, len(ids)), (job, slot))])
+                 for slot, ids in sequences]
+        return ScorePlan(units, planned, False)
+    query = tokens.query
+    for row, item in enumerate(tokens.items):
+        _too_long(model, len(query) + len(item), _where(tokens, row))
+    if multi_item and not request.item_first:
+        return _plan_multi_item(model, tokens, job, max_batch_tokens, delimiter, max_request_tokens)
+    planned = len(tokens.items) * len(query) + sum(len(item) for item in tokens.items)
+    _admit(planned, max_request_tokens, "the query is repeated for every item", field)
+    units = []
+    for row, item in enumerate(tokens.items):
+        ids = item + query if request.item_first else query + item
+        units.append(PackUnit(ids, position_start=start, pools=[Pool(range(len(ids) - 1, len(ids)), (job, row))]))
+    return ScorePlan(units, planned, False)
+
+
+def _plan_multi_item(model: ScoringModel, tokens: Tokenized, job: object, max_batch_tokens: int,
+                     delimiter: int | None, max_request_tokens: int | None) -> ScorePlan:
+    """`query [D] item1 [D] item2 [D] …` split into chunks that fit the batch budget; every chunk repeats the query.
+    Each delimiter closes the row before it, so only the delimiter itself could ever attend to it."""
+    query = tokens.query
+    tail = [] if delimiter is None else [delimiter]
+    context = query + tail
+    rows = [len(item) + len(tail) for item in tokens.items]
+    chunks = _mis_chunks(len(context), rows, max_batch_tokens)
+    planned = len(chunks) * len(context) + sum(rows)
+    _admit(planned, max_request_tokens, f"the query is repeated in each of {len(chunks)} multi-item chunks",
+           tokens.field)
+    units: list[PackUnit] = []
+    for chunk in chunks:
+        unit = PackUnit(list(context), visible_prefix=len(query), position_start=model.position_start)
+        for i in chunk:
+            item = tokens.items[i]
+            # An empty item is scored at the query's last token (SGLang's semantics for "").
+            offset = unit.num_tokens + len(item) - 1 if item else len(query) - 1
+            unit.items.append(item + tail)
+            unit.pools.append(Pool(range(offset, offset + 1), (job, i)))
+        units.append(unit)
+    return ScorePlan(units, planned, True)

@@ -1,0 +1,266 @@
+"""Start-up self-check: the engine's scores for a fixed probe set against plain transformers on the same weights.
+
+The probe set is a few sequences of mixed lengths from several simulated requests (one of them multi-item when the
+server has multi-item scoring on), sized to every configured limit (batch tokens, items per request, positions) and
+run as ONE packed batch through the real path: tokenize → plan → Executor (CUDA-graph buckets included) → the jobs'
+heads. The reference runs each sequence alone through the model's own forward with transformers' eager attention
+(the same module, switched for the pass: the weights are never loaded twice). Deviation is the largest score
+difference relative to max(1, largest reference score); above the dtype's tolerance the worker refuses to start.
+Without the check (`--no-self-check`) the engine pass still runs: it is the warm-up.
+
+With a prompt template (--prompt-template), a text request through the template is checked too, in a batch of its
+own, single-item and (with multi-item scoring on) multi-item, against transformers on each fully rendered prompt,
+`tokenizer(prompt)`: it proves the template's tokenization rule (planning/template_encoding.py) on the model's own
+tokenizer."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from scorekeeper_worker.contract.schemas import ScoreRequest
+from scorekeeper_worker.engine.executor import Executor
+from scorekeeper_worker.engine.jobs import ScoreJob
+from scorekeeper_worker.kernels.attention import ATTENTION_NAME
+from scorekeeper_worker.model.dtypes import dtype_name
+from scorekeeper_worker.model.loader import ModelKind, Pooling, ScoringModel
+from scorekeeper_worker.planning.planner import plan, tokenize
+
+# Wide enough for reordered float arithmetic of the dtype, far below what a leak between sequences, a wrong head,
+# pooling position or mask does (O(0.1) and more on real and random models alike).
+TOLERANCE = {torch.float32: 5e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+# (query length, item lengths) before scaling to the limits: lengths in different attention blocks, an item of one
+# token, and one request per simulated client.
+_SHAPES = ((12, (1, 7, 30)), (3, (18, 5)))
+_WINDOW_PROBE_LIMIT = 512  # a window up to this long gets a sequence that crosses it on both sides
+_LABELS = 4  # causal LMs: scored on the reference's top tokens, where a deviation shows most
+# The template probe: items that start where the template's item text begins (no leading space, so the tokenizer
+# merges across the seam), one of them empty.
+TEMPLATE_QUERY = "What is the capital of France?"
+TEMPLATE_ITEMS = ("The capital of France is Paris.", "", "Berlin is a large city; the dog likes to run in the park.")
+
+
+Rows = list[list[list[float]]]  # per probe, per item: the item's scores
+Labels = list[list[list[int]] | None]  # per probe: causal LMs' label ids per item, else None
+
+
+@dataclass(frozen=True)
+class Probe:
+    query: list[int]
+    items: list[list[int]]
+    multi_item: bool
+
+
+@dataclass(frozen=True)
+class SelfCheckResult:
+    deviation: float | None  # None: reference pass skipped (--no-self-check)
+    tolerance: float
+    sequences: int
+    tokens: int
+    engine_seconds: float
+    reference_seconds: float
+
+
+class SelfCheckFailed(RuntimeError):
+    """The engine's scores differ from plain transformers: serving would give wrong scores."""
+
+
+def _window(model: ScoringModel) -> int | None:
+    windows = [w for m in model.model.modules() if isinstance(w := getattr(m, "sliding_window", None), int)]
+    return min(windows) if windows and min(windows) <= _WINDOW_PROBE_LIMIT else None
+
+
+def _planned_tokens(model: ScoringModel, probe_set: list[Probe], delimiter: int | None) -> int:
+    """Tokens the probe set takes once planned (as planning.planner lays requests out)."""
+    total = 0
+    for probe in probe_set:
+        items = sum(len(item) for item in probe.items)
+        if model.kind == ModelKind.EMBEDDING:
+            total += len(probe.query) + items
+        elif probe.multi_item:
+            total += len(probe.query) + items + (len(probe.items) + 1 if delimiter is not None else 0)
+        else:
+            total += len(probe.query) * len(probe.items) + items
+    return total
+
+
+def _probes(model: ScoringModel, scale: float, max_items: int, multi_item: bool) -> list[Probe]:
+    special = set(model.tokenizer.all_special_ids)
+    vocab = [t for t in range(model.model.get_input_embeddings().num_embeddings) if t not in special]
+    rng = random.Random(12)
+    shapes = [(query, list(items)) for query, items in _SHAPES]
+    if (window := _window(model)) is not None:
+        shapes[1][1].append(2 * window + 2)
+    out: list[Probe] = []
+    for number, (query_length, item_lengths) in enumerate(shapes):
+        query = rng.choices(vocab, k=max(1, int(query_length * scale)))
+        longest = model.max_positions - len(query)
+        items = [rng.choices(vocab, k=max(1, min(longest, int(length * scale)))) for length in item_lengths]
+        for start in range(0, len(items), max_items):  # split like clients limited to max_items would
+            out.append(Probe(query, items[start:start + max_items], multi_item and number == 0 and model.is_decoder))
+    return out
+
+
+def probes(model: ScoringModel, budget: int, max_items: int, multi_item: bool, delimiter: int | None) -> list[Probe]:
+    """Deterministic token ids without special tokens (a classifier's own forward would pool elsewhere at a pad
+    token), shrunk until the whole set fits one batch of `budget` tokens (at 16 tokens, every sequence is one
+    token long)."""
+    scale = 1.0
+    while True:
+        probe_set = _probes(model, scale, max_items, multi_item)
+        if _planned_tokens(model, probe_set, delimiter) <= budget or scale < 1e-3:
+            return probe_set
+        scale /= 2
+
+
+def engine_scores(model: ScoringModel, executor: Executor, probe_set: list[Probe], labels: Labels,
+                  max_batch_tokens: int, delimiter: int | None) -> tuple[Rows, int]:
+    """Every probe planned as the server plans a request, all units in one batch; (scores, tokens run)."""
+    causal = model.kind == ModelKind.CAUSAL_LM
+    loop = asyncio.new_event_loop()
+    try:
+        jobs, units = [], []
+        for probe, probe_labels in zip(probe_set, labels, strict=True):
+            request = ScoreRequest(query=probe.query, items=probe.items, apply_softmax=causal,
+                                   label_token_ids=probe_labels)
+            job = ScoreJob(num_items=len(probe.items), apply_softmax=causal, temperature=1.0, labels=probe_labels,
+                           want_pooled=False, prompt_tokens=0, multi_item=probe.multi_item,
+                           future=loop.create_future(), loop=loop)
+            job_plan = plan(model, request, tokenize(model, request), job, probe.multi_item, max_batch_tokens,
+                            delimiter)
+            job.remaining = sum(len(unit.pools) for unit in job_plan.units)
+            jobs.append(job)
+            units += job_plan.units
+        executor.run(units)
+    finally:
+        loop.close()
+    return [[list(row or []) for row in job.scores] for job in jobs], sum(u.num_tokens for u in units)
+
+
+@contextmanager
+def _eager_attention(model: ScoringModel) -> Iterator[None]:
+    if not model.packed:  # the model's own attention already
+        yield
+        return
+    model.model.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        model.model.set_attn_implementation(ATTENTION_NAME)
+
+
+def _forward(model: ScoringModel, ids: list[int], types: list[int] | None = None) -> torch.Tensor:
+    tensor = torch.tensor([ids], device=model.device)
+    extra = {"token_type_ids": torch.tensor([types], device=model.device)} if types and model.uses_token_types else {}
+    if model.kind == ModelKind.CAUSAL_LM:
+        return model.model(input_ids=tensor, logits_to_keep=1).logits[0, -1].double()
+    if model.kind == ModelKind.EMBEDDING:
+        hidden = model.model(input_ids=tensor).last_hidden_state[0].double()
+        return {Pooling.CLS: hidden[0], Pooling.MEAN: hidden.mean(0), Pooling.LAST: hidden[-1]}[model.pooling]
+    return model.model(input_ids=tensor, **extra).logits[0].double()
+
+
+@torch.inference_mode()
+def reference_scores(model: ScoringModel, probe_set: list[Probe]) -> tuple[Rows, Labels]:
+    """Each (query, item) sequence alone through the model's own forward; causal LMs: softmax over the reference's
+    top tokens, which become the labels of the engine pass. Returns (scores per probe, labels per probe)."""
+    scores: Rows = []
+    labels: Labels = []
+    with _eager_attention(model):
+        for probe in probe_set:
+            rows, probe_labels = [], []
+            query = _forward(model, probe.query) if model.kind == ModelKind.EMBEDDING else None
+            for item in probe.items:
+                if query is not None:
+                    rows.append([torch.nn.functional.cosine_similarity(_forward(model, item), query, dim=0).item()])
+                    continue
+                out = _forward(model, probe.query + item, [0] * len(probe.query) + [1] * len(item))
+                if model.kind == ModelKind.CAUSAL_LM:
+                    top = out.topk(_LABELS).indices
+                    probe_labels.append(top.tolist())
+                    out = torch.softmax(out[top], dim=-1)
+                rows.append(out.tolist())
+            scores.append(rows)
+            labels.append(probe_labels if model.kind == ModelKind.CAUSAL_LM else None)
+    return scores, labels
+
+
+def _template_rows(model: ScoringModel, executor: Executor, multi_item: bool) -> tuple[Rows, Rows]:
+    """(engine, reference) rows of the template probe: a text request through the template, single-item and, with
+    multi-item scoring, multi-item; the reference is each rendered prompt's `tokenizer(prompt)` alone."""
+    template = model.template
+    assert template is not None
+    causal = model.kind == ModelKind.CAUSAL_LM
+    reference: Rows = []
+    labels: list[list[int]] = []
+    with _eager_attention(model), torch.inference_mode():
+        for item in TEMPLATE_ITEMS:
+            ids = list(model.tokenizer(template.render(TEMPLATE_QUERY, item, None))["input_ids"])
+            out = _forward(model, ids)
+            if causal:
+                labels.append(out.topk(_LABELS).indices.tolist())
+                out = torch.softmax(out[labels[-1]], dim=-1)
+            reference.append(out.tolist())
+    request = ScoreRequest(query=TEMPLATE_QUERY, items=list(TEMPLATE_ITEMS), apply_softmax=causal,
+                           label_token_ids=labels if causal else None)
+    engine: Rows = []
+    loop = asyncio.new_event_loop()
+    try:
+        for multi in sorted({False, multi_item}):
+            job = ScoreJob(num_items=len(TEMPLATE_ITEMS), apply_softmax=causal, temperature=1.0,
+                           labels=labels if causal else None, want_pooled=False, prompt_tokens=0, multi_item=multi,
+                           future=loop.create_future(), loop=loop)
+            units = plan(model, request, tokenize(model, request), job, multi, 1 << 30, None).units
+            job.remaining = sum(len(unit.pools) for unit in units)
+            executor.run(units)
+            engine.append([list(row or []) for row in job.scores])
+    finally:
+        loop.close()
+    return engine, [reference] * len(engine)
+
+
+def deviation(engine: Rows, reference: Rows) -> float:
+    """max |engine - reference| / max(1, max |reference|) over every score; infinite if any score is not finite
+    (a model that overflows cannot be served either way)."""
+    pairs = [(e, r) for e_rows, r_rows in zip(engine, reference, strict=True)
+             for e_row, r_row in zip(e_rows, r_rows, strict=True) for e, r in zip(e_row, r_row, strict=True)]
+    if not all(math.isfinite(e) and math.isfinite(r) for e, r in pairs):
+        return math.inf
+    scale = max([1.0, *(abs(r) for _, r in pairs)])
+    return max(abs(e - r) for e, r in pairs) / scale
+
+
+def run(model: ScoringModel, executor: Executor, *, check: bool, max_batch_tokens: int, max_items: int,
+        multi_item: bool, delimiter: int | None) -> SelfCheckResult:
+    """The engine pass (always: it warms the engine up) and, with `check`, the reference pass and the comparison."""
+    probe_set = probes(model, max_batch_tokens, max_items, multi_item, delimiter)
+    started = time.perf_counter()
+    reference: Rows = []
+    if check:
+        reference, labels = reference_scores(model, probe_set)
+    else:
+        labels = [[[0, 1]] * len(p.items) if model.kind == ModelKind.CAUSAL_LM else None for p in probe_set]
+    referenced = time.perf_counter()
+    engine, tokens = engine_scores(model, executor, probe_set, labels, max_batch_tokens, delimiter)
+    if model.template is not None and check:
+        template_engine, template_reference = _template_rows(model, executor, multi_item)
+        engine, reference = engine + template_engine, reference + template_reference
+    result = SelfCheckResult(deviation(engine, reference) if check else None, TOLERANCE[model.dtype],
+                             sum(len(p.items) for p in probe_set), tokens, time.perf_counter() - referenced,
+                             referenced - started)
+    if result.deviation is not None and not result.deviation <= result.tolerance:  # NaN fails too
+        overflow = " (non-finite scores: numeric overflow)" if math.isinf(result.deviation) else ""
+        raise SelfCheckFailed(
+            "start-up self-check failed: the engine's scores deviate from plain transformers by "
+            f"{result.deviation:.3g}{overflow} (relative; tolerance {result.tolerance:g} for "
+            f"{dtype_name(model.dtype)}) on {result.sequences} probe sequences packed into one batch of {tokens} "
+            "tokens. The engine would serve wrong scores for this model, so the worker refuses to start; "
+            "--no-self-check skips the check (only to debug).")
+    return result
