@@ -16,7 +16,15 @@ from typing import Any, NoReturn
 import yaml
 from pydantic import ValidationError
 
-from scorekeeper_worker.config import AttentionBackendName, Device, DType, LogLevel, PooledHiddenStates, WorkerConfig
+from scorekeeper_worker.config import (
+    AttentionBackendName,
+    Device,
+    DType,
+    LogLevel,
+    PooledHiddenStates,
+    Quantization,
+    WorkerConfig,
+)
 
 PROG = "scorekeeper-worker"
 ENV_PREFIX = "SCOREKEEPER_"
@@ -103,6 +111,19 @@ def build_parser() -> argparse.ArgumentParser:
     add("--termination-log", "file that gets a one-paragraph reason when the model fails to load or the self-check "
         "fails (Kubernetes terminationMessagePath)", type=Path)
     add("--log-level", "logging level", choices=[level.value for level in LogLevel])
+    add("--threads", "CPU threads for the model (torch intra-op; inter-op matches): auto = the smaller of the "
+        "cgroup CPU quota and the CPU affinity mask, or a positive number")
+    add("--quantization", "int8: run the model quantized to int8 on CPU (encoder cross-encoders and embedding "
+        "models), only after it passes an accuracy certificate against float32 (docs/operations.md)",
+        choices=[q.value for q in Quantization])
+    add("--quantization-min-spearman", "certificate: refuse to become ready below this Spearman correlation of "
+        "int8 scores with float32 scores on the fixed probe set", type=float)
+    add("--quantization-max-score-delta", "certificate: refuse to become ready above this largest |int8 - float32| "
+        "score difference (default: no bound)", type=float)
+    add("--quantization-min-top10", "certificate: refuse to become ready below this share of top-10 agreement "
+        "between int8 and float32 rankings (default: no bound)", type=float)
+    add("--decision-template", "/v1/decisions: a prompt template file that replaces the built-in decision template "
+        "(docs/decisions.md)", type=Path)
     return parser
 
 
@@ -174,14 +195,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         config = parse_config(argv)
         if config.api_key_file is not None:
-            from scorekeeper_worker.auth import ApiKeys, KeyFileError
+            from scorekeeper_worker.api.auth import ApiKeys, KeyFileError
 
             try:
                 ApiKeys(config.api_key_file)  # refuse a missing or empty key file before loading anything
             except KeyFileError as error:
                 raise ConfigError(str(error)) from None
         if config.prompt_template is not None:
-            from scorekeeper_worker.prompt_template import TemplateError, load_template
+            from scorekeeper_worker.model.prompt_template import TemplateError, load_template
 
             try:
                 load_template(config.prompt_template)  # a missing file or a broken template: before loading
@@ -190,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ConfigError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         sys.exit(2)  # argparse's status for a usage error
-    from scorekeeper_worker.server import run  # heavy imports (torch) only when serving
+    from scorekeeper_worker.api.server import run  # heavy imports (torch) only when serving
 
     run(config)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from enum import StrEnum
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -37,6 +38,11 @@ class AttentionBackendName(StrEnum):
     AUTO = "auto"
     SDPA = "sdpa"
     FLEX = "flex"
+
+
+class Quantization(StrEnum):
+    NONE = "none"
+    INT8 = "int8"
 
 
 class WorkerConfig(BaseModel):
@@ -74,6 +80,21 @@ class WorkerConfig(BaseModel):
     gc_freeze: bool = True
     termination_log: Path = Path("/dev/termination-log")
     log_level: LogLevel = LogLevel.INFO
+    threads: int | Literal["auto"] = "auto"
+    quantization: Quantization = Quantization.NONE
+    quantization_min_spearman: float = Field(0.99, ge=-1, le=1)
+    quantization_max_score_delta: float | None = Field(None, gt=0)
+    quantization_min_top10: float | None = Field(None, ge=0, le=1)
+    decision_template: Path | None = None
+
+    @field_validator("threads", mode="before")
+    @classmethod
+    def _parse_threads(cls, value: object) -> object:
+        if isinstance(value, str) and value.strip() != "auto":
+            if not value.strip().isdigit() or int(value) < 1:
+                raise ValueError(f"threads must be auto or a positive integer, not {value!r}")
+            return int(value)
+        return value.strip() if isinstance(value, str) else value
 
     @field_validator("cuda_graph_token_buckets", mode="before")
     @classmethod
