@@ -51,7 +51,7 @@ def test_smollm2_gguf_path_without_importing_the_package() -> None:
 @needs_minilm
 def test_cli_prints_minilm_path() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "scorekeeper_worker.model.files", "minilm"], check=True, capture_output=True, text=True
+        [sys.executable, "-m", "scorekeeper_worker.model_files", "minilm"], check=True, capture_output=True, text=True
     ).stdout
     assert Path(out.strip()) == model_files.minilm_path()
 

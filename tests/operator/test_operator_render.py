@@ -203,7 +203,7 @@ def test_hf_download_init_container_takes_inputs_from_env_and_secret() -> None:
     assert env["HF_TARGET"]["value"] == f"/models/org/name/{COMMIT}"
     assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "t"}}
     assert env["HF_ENDPOINT"]["value"] == SETTINGS.hf_endpoint
-    assert init["command"] == ["python", "-m", "scorekeeper_worker.model.hub_download"]  # no spec text in a script
+    assert init["command"] == ["python", "-m", "scorekeeper_worker.hub_download"]  # no spec text in a script
     assert init["image"] == SETTINGS.worker_image
     worker_env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
     assert worker_env["HF_HUB_OFFLINE"] == "1"

@@ -17,7 +17,7 @@ from scorekeeper_operator.spec.quantity import quantity_bytes
 from scorekeeper_operator.spec.settings import OperatorSettings
 
 DOWNLOAD_CONTAINER = "download-model"
-DOWNLOAD_COMMAND = ["python", "-m", "scorekeeper_worker.model.hub_download"]
+DOWNLOAD_COMMAND = ["python", "-m", "scorekeeper_worker.hub_download"]  # the stable entry point
 
 
 def mebibytes(size: int) -> str:
