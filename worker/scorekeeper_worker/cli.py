@@ -103,6 +103,16 @@ def build_parser() -> argparse.ArgumentParser:
     add("--cuda-graph-max-seqs", "sequence slots captured per bucket", type=int)
     add("--attention-backend", "attention implementation", choices=[a.value for a in AttentionBackendName])
     add("--drain-timeout-seconds", "on SIGTERM, how long in-flight requests may take to finish", type=float)
+    add("--http-header-timeout-seconds", "a connection must deliver a request's head (request line and headers) "
+        "within this long of opening, or of the request's first byte on a kept-alive connection; else 408 and "
+        "closed (both ports)", type=float)
+    add("--http-body-timeout-seconds", "a request's body must arrive within this long of its head; else 408 and "
+        "closed", type=float)
+    add("--http-idle-timeout-seconds", "a kept-alive connection with no new request for this long is closed",
+        type=float)
+    add("--max-connections", "open connections per port (API, metrics); beyond it the oldest connection still "
+        "waiting for a request head is closed, or, if none waits, the new one gets 503 (clamped to what the "
+        "process's file-descriptor limit allows)", type=int)
     add("--self-check", "at start-up, score a fixed probe set through the engine and through plain transformers "
         "and refuse to start if they differ beyond the dtype's tolerance", action=argparse.BooleanOptionalAction)
     add("--gc-freeze", "once the model is loaded, collect garbage and move every surviving object to Python's "
