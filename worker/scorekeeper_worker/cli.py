@@ -27,6 +27,10 @@ from scorekeeper_worker.config import (
 )
 
 PROG = "scorekeeper-worker"
+# oneDNN caches one compiled primitive per tensor shape, 1024 by default: with batches of every size that is memory
+# growing for thousands of requests (docs/benchmarks.md). Read when oneDNN first runs, so set before torch loads.
+PRIMITIVE_CACHE_VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+PRIMITIVE_CACHE_CAPACITY = 64
 ENV_PREFIX = "SCOREKEEPER_"
 _FIELDS = WorkerConfig.model_fields
 TRUE_WORDS = frozenset({"1", "true", "yes", "on", "y", "t"})
@@ -200,6 +204,11 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) 
         raise ConfigError(_describe(error, sources)) from None
 
 
+def bound_primitive_cache(environ: dict[str, str] | os._Environ[str] = os.environ) -> None:
+    """The worker's bound on oneDNN's primitive cache, unless the environment sets one."""
+    environ.setdefault(PRIMITIVE_CACHE_VARIABLE, str(PRIMITIVE_CACHE_CAPACITY))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -221,6 +230,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ConfigError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         sys.exit(2)  # argparse's status for a usage error
+    bound_primitive_cache()
     from scorekeeper_worker.api.server import run  # heavy imports (torch) only when serving
 
     run(config)
