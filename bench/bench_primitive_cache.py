@@ -2,7 +2,7 @@
 
 Each configuration is a fresh worker (real all-MiniLM-L6-v2, float32, CPU) with ONEDNN_PRIMITIVE_CACHE_CAPACITY set
 as given ("default": unset, so the worker's own bound applies; oneDNN's built-in capacity is 1024). After a warm-up,
-the same seeded sequence of requests runs against each: 1-48 items of 1-120 words, so nearly every batch has a new
+the same seeded sequence of requests runs against each: 1-16 items of 1-60 words, so nearly every batch has a new
 token count. RSS is read from /proc after the warm-up and at the end; speed is requests per second over the run.
 
     PYTHONPATH=worker python bench/bench_primitive_cache.py --requests 3000 --capacities 1024,0,default
@@ -25,9 +25,9 @@ def _requests(count: int, seed: int) -> list[dict[str, object]]:
     rng = random.Random(seed)
 
     def text() -> str:
-        return " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 120)))
+        return " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 60)))
 
-    return [{"query": text(), "items": [text() for _ in range(rng.randint(1, 48))]} for _ in range(count)]
+    return [{"query": text(), "items": [text() for _ in range(rng.randint(1, 16))]} for _ in range(count)]
 
 
 def _rss_mib(pid: int) -> float:
@@ -51,6 +51,7 @@ def run(model: str, capacity: str, warmup: list[dict[str, object]], measured: li
             worker.score(body)
             if i % 100 == 99:
                 peak = max(peak, _rss_mib(worker.proc.pid))
+                log(f"capacity {capacity}: {i + 1} requests, RSS {_rss_mib(worker.proc.pid):.0f} MiB")
         seconds = time.perf_counter() - started
         after = _rss_mib(worker.proc.pid)
         log(f"capacity {capacity}: RSS {before:.0f} → {after:.0f} MiB (peak {peak:.0f}), {seconds:.1f} s")

@@ -145,11 +145,11 @@ class GuardedH11Protocol(H11Protocol):
             self._close("uploads cut off after an early answer")
 
     def _evict_oldest_waiting(self) -> bool:
-        for oldest in self.waiting:
-            if oldest is not self:
-                oldest._close("idle or slow connections closed for new ones")
-                return True
-        return False
+        oldest = next(iter(self.waiting), None)  # this connection is not waiting yet
+        if oldest is None:
+            return False
+        oldest._close("idle or slow connections closed for new ones")
+        return True
 
     def _close(self, reason: str, status: int | None = None, message: str = "") -> None:
         self._enter(None)

@@ -9,6 +9,7 @@ but GET/HEAD 405) in the API's error shape. Serves until the worker's lifespan e
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
@@ -17,12 +18,19 @@ from prometheus_client import CollectorRegistry, make_asgi_app
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
+from scorekeeper_worker.api.http_protocol import quiet_accept_errors
 from scorekeeper_worker.contract.errors import TYPES, ErrorResponse
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(ErrorResponse(message=message, type=TYPES[status], code=status).model_dump(),
                         status_code=status, headers=headers)
+
+
+class _Server(uvicorn.Server):
+    async def serve(self, sockets: Any = None) -> None:
+        quiet_accept_errors(asyncio.get_running_loop())  # this loop's own accept errors, as on the API port
+        await super().serve(sockets)
 
 
 class MetricsServer:
@@ -47,7 +55,7 @@ class MetricsServer:
 
         config = uvicorn.Config(only_metrics, host=host, port=port, lifespan="off", log_config=None,
                                 access_log=False, **options)  # scrapes every few seconds: not worth a log line
-        self.server = uvicorn.Server(config)
+        self.server = _Server(config)
         self.thread = threading.Thread(target=self.server.run, name="scorekeeper-metrics", daemon=True)
 
     def start(self) -> None:
