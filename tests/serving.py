@@ -28,6 +28,7 @@ class RunningServer:
 
     def __init__(self, **config: Any) -> None:
         import uvicorn
+        from scorekeeper_worker.api.http_protocol import server_options
         from scorekeeper_worker.api.server import create_app
         from scorekeeper_worker.config import WorkerConfig
 
@@ -38,7 +39,7 @@ class RunningServer:
         self.config = WorkerConfig(host="127.0.0.1", port=self.port, **config)
         self.app = create_app(self.config)
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    timeout_graceful_shutdown=5))
+                                                    timeout_graceful_shutdown=5, **server_options(self.config)))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         self.url = f"http://127.0.0.1:{self.port}"

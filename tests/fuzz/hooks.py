@@ -1,9 +1,9 @@
 """Schemathesis hooks for fuzzing the worker (tests/fuzz/schemathesis.toml loads them).
 
 A schema-valid body may still be refused for a reason that depends on the model being served, which the OpenAPI
-document cannot state: token ids beyond its vocabulary, sequences beyond its maximum length, a query and item with no
-tokens at all (a tokenizer that adds no special tokens), the label tokens only a causal LM reads, the prompt template
-the server was started with (or without), the kind of model a route needs (/v1/embeddings: an embedding model). The
+document does not state: token ids beyond its vocabulary, sequences beyond its maximum length, the label tokens only a
+causal LM reads, the prompt template the server was started with (or without). (What it does state, as loaded: the
+routes the model serves, and the queries and items that would make a sequence of no tokens.) The
 config lets the scoring routes answer such bodies with 400; this check makes sure that every such 400 is one of those
 reasons, so any other refusal of a valid body (a schema that says less than the validation does) still fails the run.
 """
@@ -17,12 +17,10 @@ import schemathesis
 MODEL_DEPENDENT = re.compile("|".join([
     r"token id -?\d+ is out of range",  # the vocabulary (or the logit size) of this model
     r"exceeds the model's maximum of \d+",  # its maximum sequence length
-    r"empty sequence \(empty query and empty item, no special tokens\)",  # its tokenizer adds no special tokens
     r"label_token_ids is required for causal LM models",  # a causal LM scores label tokens, which others ignore
     r"label_token_ids must not (be empty|contain duplicates)|label_token_ids: \d+ lists for \d+ items",
     r"not supported for causal LM models",
     r"/v1/rerank on a causal LM needs label tokens",  # the server was started without --label-tokens
-    r"/v1/embeddings needs an embedding model",
     r"dimensions: this model's embeddings have \d+ dimensions",
     r"the query leaves no room for a window",  # its maximum sequence length, again
     r"^instruct: this server has no prompt template|^instruct: the prompt template .* has no \{instruct\}",

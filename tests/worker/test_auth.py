@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -94,7 +95,7 @@ def test_probes_and_the_schema_stay_open(server: RunningServer) -> None:
         assert httpx.get(server.url + path, timeout=10).status_code == 200, path
     spec = httpx.get(server.url + "/openapi.json", timeout=10).json()
     assert spec["components"]["securitySchemes"]["bearer"] == {"type": "http", "scheme": "bearer"}
-    for path in ("/v1/score", "/v1/rerank", "/v2/rerank", "/v1/embeddings"):
+    for path in ("/v1/score", "/v1/rerank", "/v2/rerank"):  # /v1/embeddings: only for an embedding model
         assert spec["paths"][path]["post"]["security"] == [{"bearer": []}], path
         assert "401" in spec["paths"][path]["post"]["responses"], path
     assert "security" not in spec["paths"]["/ready"]["get"]
@@ -124,8 +125,65 @@ def test_rotated_keys_apply_without_a_restart(server: RunningServer, volume: Sec
     # tick, and the worker must notice the change on the very next request.
     target.write_text(f"{ROTATED}\n{FIRST}\n")
     assert post(server, "/v1/score", FIRST).status_code == 200
-    target.write_text("")  # every key revoked: nobody gets in
+    target.write_text("# no key\n")  # every key revoked: nobody gets in
     assert post(server, "/v1/score", FIRST).status_code == 401
     assert post(server, "/v1/score", ROTATED).status_code == 401
     target.write_text(f"{FIRST}\n{SECOND}\n")  # back to the module's keys for the other tests
     assert post(server, "/v1/score", SECOND).status_code == 200
+
+
+def test_a_key_file_rewritten_in_place_never_locks_a_valid_key_out(server: RunningServer, volume: SecretVolume) -> None:
+    """An editor or `echo > file` truncates the file, then writes it: a request between the two finds it empty. The
+    worker keeps its last good keys then: not one 401 for a valid key."""
+    target = volume.path.resolve()
+    content = f"{FIRST}\n{SECOND}\n"
+    for i in range(20):  # each state a reader can find, in turn: empty, then written (sizes vary)
+        with target.open("r+") as edit:
+            edit.truncate(0)
+            edit.flush()
+            assert post(server, "/v1/score", SECOND).status_code == 200, "empty file"
+            edit.write(content + "#" * i)
+        assert post(server, "/v1/score", SECOND).status_code == 200
+    # And concurrently: rewrites in place while a client sends requests with a valid key.
+    stop, statuses = threading.Event(), []
+
+    def hammer() -> None:
+        with httpx.Client(timeout=60) as client:
+            while not stop.is_set():
+                statuses.append(client.post(server.url + "/v1/score", json=SCORE,
+                                            headers={"authorization": f"Bearer {SECOND}"}).status_code)
+
+    client = threading.Thread(target=hammer)
+    client.start()
+    try:
+        for i in range(300):
+            target.write_text(content + "#" * (i % 7) + "\n")  # truncate, then write: in place, sizes vary
+    finally:
+        stop.set()
+        client.join(60)
+    assert statuses and set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
+
+
+def test_a_key_file_read_while_it_changes_keeps_the_last_good_keys(tmp_path: Path) -> None:
+    """A file that changes while it is read (a writer between two of its writes) gives a partial read: it is not
+    used, and the next request reads the file again."""
+    from scorekeeper_worker.api import auth
+
+    path = tmp_path / "keys"
+    path.write_text(f"{FIRST}\n")
+    keys = auth.ApiKeys(path)
+    path.write_text(f"{FIRST}\n{SECOND}\n")
+    real_read = auth.read_file
+
+    def racing_read(file: Path) -> bytes:
+        data = real_read(file)
+        with file.open("a") as more:  # the writer goes on while the reader holds a part
+            more.write(f"{ROTATED}\n")
+        return data[:5]
+
+    auth.read_file = racing_read
+    try:
+        assert keys.accepts(FIRST.encode()) and not keys.accepts(ROTATED.encode())  # the last good keys
+    finally:
+        auth.read_file = real_read
+    assert keys.accepts(ROTATED.encode()) and keys.accepts(SECOND.encode())  # read again, whole

@@ -99,3 +99,22 @@ def test_empty_api_key_file_refuses_to_start(tmp_path: Path) -> None:
 
 def test_default_bind_address_is_loopback() -> None:
     assert parse_config(["serve", "--model", "/m"], {}).host == "127.0.0.1"
+
+
+def test_the_worker_bounds_onednn_s_primitive_cache_before_torch_loads() -> None:
+    """Set by the CLI itself (a variable in the Dockerfile alone would miss pip installs), before torch is imported:
+    oneDNN reads it once. An operator's own value wins. The server module is replaced by a probe that reports what
+    it finds when `serve` hands over."""
+    probe = ("import os, sys, types\n"
+             "report = lambda config: print('capacity', os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY'),"
+             " 'torch', 'torch' in sys.modules)\n"
+             "sys.modules['scorekeeper_worker.api.server'] = types.SimpleNamespace(run=report)\n"
+             "from scorekeeper_worker import cli\n"
+             "cli.main(['serve', '--model', 'm'])\n")
+    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+    for given, expected in ((None, "64"), ("0", "0")):
+        if given is not None:
+            env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = given
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == ["capacity", expected, "torch", "False"], out.stdout

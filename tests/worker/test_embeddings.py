@@ -111,6 +111,7 @@ def test_long_inputs_are_refused_or_cut(embed: tuple[RunningServer, Any, Any]) -
     ({"input": ["a"] * 9}, "input: 9 items exceed the limit of 8"),
     ({"input": [1, "a"]}, "input[1]"), ({"input": 5}, "input"), ({}, "input"), ({"input": "a", "user": 3}, "user"),
     ({"input": "a", "encoding_format": "int8"}, "encoding_format"), ({"input": [[10 ** 6]]}, "input: token id"),
+    ({"input": [0.5]}, "input[0]"), ({"input": [[1, 2.5]]}, "input[0][1]"),
 ])
 def test_refusals_name_the_field(embed: tuple[RunningServer, Any, Any], body: dict[str, Any], where: str) -> None:
     server, _, _ = embed
@@ -126,3 +127,11 @@ def test_only_embedding_models_embed(embed: tuple[RunningServer, Any, Any], tiny
     error = _embeddings(server_for(tiny_model("bert-cross")), {"input": "a"}, 400)
     assert error["message"] == ("model: /v1/embeddings needs an embedding model; this server serves a cross_encoder "
                                 "(use /v1/score or /v1/rerank)")
+
+
+def test_token_ids_written_as_integral_numbers_are_token_ids(embed: tuple[RunningServer, Any, Any]) -> None:
+    """JSON Schema (the OpenAPI document's language) reads 0.0 as the integer 0, and so does /v1/score: the same
+    vector as [0] (schemathesis sent {"input": [0.0]} and got "not a string")."""
+    server, _, _ = embed
+    as_float = _embeddings(server, {"input": [0.0, 5.0]})["data"][0]["embedding"]
+    assert as_float == _embeddings(server, {"input": [0, 5]})["data"][0]["embedding"]

@@ -4,6 +4,7 @@ for bad input. Every response carries an `x-request-id`; an internal error is co
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,7 +26,8 @@ MALFORMED: list[tuple[str, bytes, str]] = [
      "model"),
     ("invalid UTF-8 in query", b'{"query": "a\xffb", "items": ["x"], "label_token_ids": [1]}', "query"),
     ("invalid UTF-8 in an item", b'{"query": "q", "items": ["\xc3\x28"], "label_token_ids": [1]}', "items[0]"),
-    ("JSON nested 100k deep", b'{"query": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested"),
+    ("JSON nested 100k deep", b'{"query": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "arrays and objects"),
+    ("JSON nested 1,100 deep", b'{"query": ' + b"[" * 1100 + b"]" * 1100 + b"}", "nested"),
     ("integer of 5,000 digits", b'{"query": [' + BIG_INT + b'], "items": [[1]], "label_token_ids": [1]}', "digits"),
     ("integer beyond 64 bits", b'{"query": "q", "items": ["x"], "label_token_ids": [18446744073709551616]}',
      "label_token_ids[0]"),
@@ -140,3 +142,32 @@ def test_internal_error_is_json_counted_and_logged_once(failing: RunningServer,
     assert not [r for r in caplog.records if "Exception in ASGI application" in r.getMessage()]
     # The server keeps serving: probes still answer.
     assert httpx.get(failing.url + "/ready", timeout=10).status_code == 200
+
+
+def test_a_body_of_too_many_arrays_is_refused_before_it_is_parsed(causal: RunningServer) -> None:
+    """Nested ignored fields cost the parser (and the garbage collector) per array; a body with more arrays and
+    objects than any valid request needs is refused from a scan of its bytes, whatever the field."""
+    deep = b"[" * 50 + b"]" * 50
+    body = b'{"query": "q", "items": ["x"], "label_token_ids": [1], "ignored": [' + b",".join([deep] * 2000) + b"]}"
+    error = assert_error_shape(httpx.post(causal.url + "/v1/score", content=body, headers=JSON, timeout=60), 400)
+    assert "arrays and objects" in error["message"] and "body" in error["message"], error["message"]
+    # Brackets inside strings are text, not structure: such a body is scored.
+    text = "[{" * 60_000
+    response = httpx.post(causal.url + "/v1/score", json={"query": "q", "items": [text[:200]] * 20,
+                                                           "label_token_ids": [1], "note": text}, timeout=60)
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize(("headers", "what"), [
+    ({"content-encoding": "gzip"}, "content-encoding"),
+    ({"content-type": "application/json; charset=latin-1"}, "charset"),
+], ids=["gzip", "latin-1"])
+def test_encodings_the_server_does_not_decode_are_refused(causal: RunningServer, headers: dict[str, str],
+                                                          what: str) -> None:
+    body = json.dumps({"query": "q", "items": ["x"], "label_token_ids": [1]}).encode()
+    response = httpx.post(causal.url + "/v1/score", content=body, headers={**JSON, **headers}, timeout=30)
+    error = assert_error_shape(response, 415)
+    assert what in error["message"], error["message"]
+    utf8 = httpx.post(causal.url + "/v1/score", content=body, timeout=30,
+                      headers={"content-type": 'application/json; charset="UTF-8"', "content-encoding": "identity"})
+    assert utf8.status_code == 200, utf8.text

@@ -119,3 +119,38 @@ def test_a_response_over_the_limit_is_400_before_any_work(tiny_model: Callable[[
     assert scores.status_code == 200 and len(scores.content) < 20_000
     few = server.score(query="q", items=items[:3], return_pooled_hidden_states=True)
     assert few.status_code == 200 and len(few.json()["pooled_hidden_states"]) == 3
+
+
+class _CountingTokenizer:
+    """The model's tokenizer, counting the characters it is asked to tokenize."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.characters = 0
+
+    def __call__(self, texts: Any, *args: Any, **kwargs: Any) -> Any:
+        self.characters += sum(map(len, [texts] if isinstance(texts, str) else texts))
+        return self.tokenizer(texts, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.tokenizer, name)
+
+
+@pytest.mark.parametrize("model_name", ["qwen3-cls3", "bert-cross", "bert-embed"])
+def test_a_text_request_over_the_token_limit_is_refused_before_it_is_tokenized_whole(
+        model_name: str, tiny_model: Callable[[str], Path], server_for: Callable[..., RunningServer]) -> None:
+    """2 MB of text against a limit of 4096 tokens: a bounded count proves the 413 after a small part of it."""
+    server = server_for(tiny_model(model_name), max_request_tokens=4096)
+    model = server.app.state.service.model
+    counting = _CountingTokenizer(model.tokenizer)
+    model.tokenizer = counting
+    try:
+        items = [" ".join(["word"] * 100)] * 4000  # 2 MB, about 400,000 tokens
+        response = httpx.post(server.url + "/v1/score", json={"query": "q", "items": items}, timeout=120)
+        assert response.status_code == 413, response.text
+        assert response.json()["type"] == "RequestTooLarge" and "--max-request-tokens" in response.json()["message"]
+        assert counting.characters < sum(map(len, items)) / 10, counting.characters
+        small = httpx.post(server.url + "/v1/score", json={"query": "q", "items": items[:3]}, timeout=120)
+        assert small.status_code == 200, small.text  # under the limit: counted (or not) and served as before
+    finally:
+        model.tokenizer = counting.tokenizer

@@ -65,8 +65,8 @@ def test_openapi_document_declares_every_error(tiny_model: Callable[[str], Path]
                                                server_for: Callable[..., RunningServer]) -> None:
     server = server_for(tiny_model("qwen3-cls3"), max_items_per_request=64)
     spec = httpx.get(server.url + "/openapi.json", timeout=10).json()
-    assert {"/v1/score", "/v1/rerank", "/v2/rerank", "/v1/embeddings", "/v1/models", "/health", "/ready",
-            "/metrics"} == set(spec["paths"])
+    assert {"/v1/score", "/v1/rerank", "/v2/rerank", "/v1/models", "/health", "/ready",
+            "/metrics"} == set(spec["paths"])  # /v1/embeddings: only for an embedding model
     error = {"$ref": "#/components/schemas/ErrorResponse"}
     for path, operations in spec["paths"].items():
         for operation in operations.values():
@@ -79,3 +79,32 @@ def test_openapi_document_declares_every_error(tiny_model: Callable[[str], Path]
     assert {"400", "429", "503", "504"} <= set(score) and "401" not in score  # 401 only with --api-key-file
     assert score["429"]["headers"]["Retry-After"]["required"]
     assert httpx.get(server.url + "/docs", timeout=10).status_code == 200
+
+
+@pytest.mark.parametrize(("model", "embeds"), [("qwen3-cls3", False), ("bert-cross", False), ("bert-embed", True)])
+def test_the_document_describes_the_server_as_loaded(model: str, embeds: bool, tiny_model: Callable[[str], Path],
+                                                     server_for: Callable[..., RunningServer]) -> None:
+    """A body the document calls valid is served; one it calls invalid is refused: /v1/embeddings is listed only
+    where it can embed, and a query and item that would make a sequence of no tokens are excluded by the schema
+    exactly where they do (text on a tokenizer without special tokens, token ids everywhere)."""
+    import jsonschema
+
+    server = server_for(tiny_model(model), max_items_per_request=64)
+    spec = httpx.get(server.url + "/openapi.json", timeout=10).json()
+    assert ("/v1/embeddings" in spec["paths"]) == embeds
+    if embeds:
+        return  # an embedding model embeds every sequence alone: its empty sequences are not described
+    bodies = [{"query": "", "items": [""]}, {"items": ["", "a"]}, {"query": None, "items": ""},
+              {"query": "", "items": ["a"]}, {"query": "q", "items": [""]}, {"query": [], "items": [[]]},
+              {"items": [[5], []]}, {"query": [5], "items": [[]]}, {"query": [], "items": [[5]]}]
+    for body in bodies:
+        valid = jsonschema.Draft202012Validator(
+            {"$ref": "#/components/schemas/ScoreRequest", "components": spec["components"]}).is_valid(body)
+        response = httpx.post(server.url + "/v1/score", json=body, timeout=60)
+        assert (response.status_code == 200) == valid, (body, valid, response.text)
+    for body in [{"query": "", "documents": [""]}, {"query": "", "documents": [{"text": ""}]},
+                 {"query": "", "documents": ["a"]}, {"query": "q", "documents": [""]}]:
+        valid = jsonschema.Draft202012Validator(
+            {"$ref": "#/components/schemas/RerankRequest", "components": spec["components"]}).is_valid(body)
+        response = httpx.post(server.url + "/v1/rerank", json=body, timeout=60)
+        assert (response.status_code == 200) == valid, (body, valid, response.text)

@@ -57,3 +57,29 @@ def test_smollm2_text_uses_the_fixed_tokenizer(smollm2: RunningServer) -> None:
     ids = smollm2.score(query=[19556], items=[[905]], label_token_ids=[9230, 2838], multi_item_scoring=False).json()
     assert text["usage"]["prompt_tokens"] == 2
     np.testing.assert_allclose(text["scores"], ids["scores"], rtol=1e-6)
+
+
+def _readme_example() -> tuple[dict[str, object], list[str]]:
+    """The README's first /v1/score example: its request body and the score prefixes its sample response shows."""
+    import json
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme[readme.index("## Score something"):]
+    block = block[:block.index("```", block.index("```bash") + 7)]
+    body = json.loads(block[block.index("-d '") + 4:block.index("}'") + 1])
+    shown = re.search(r'# \{"scores":(\[\[.*?\]\])', block)
+    assert shown, block
+    return body, re.findall(r"\[(-?\d+\.\d+)\.\.\.\]", shown[1])
+
+
+def test_the_readme_example_prints_what_the_readme_shows(server_for: Callable[..., RunningServer]) -> None:
+    """The sample response in the README is what the command prints on the default model (the digits shown)."""
+    body, shown = _readme_example()
+    server = server_for(model_files.minilm_path())
+    scores = [row[0] for row in server.score(**body).json()["scores"]]
+    assert len(shown) == len(scores), shown
+    for prefix, score in zip(shown, scores, strict=True):
+        decimals = len(prefix.split(".")[1])
+        assert f"{score:.{decimals + 6}f}".startswith(prefix), (prefix, scores)

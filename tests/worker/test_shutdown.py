@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -90,3 +91,60 @@ def test_ready_turns_503_as_soon_as_draining_starts_while_in_flight_work_finishe
         server.should_exit = True
         thread.join(30)
 
+
+
+def test_requests_still_running_when_the_drain_time_runs_out_get_the_error_shape(
+        tiny_model: Callable[[str], Path]) -> None:
+    """Deterministic: the model thread is held inside the request's batch until the drain time (1 s) has run out and
+    the server cancelled the request; the client then gets one JSON error with its request id, and the log one
+    line, not a traceback."""
+    from scorekeeper_worker.api.server import build_server
+    from scorekeeper_worker.config import WorkerConfig
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = build_server(WorkerConfig(model=tiny_model("qwen3-cls3"), port=port, log_level="warning",
+                                       gc_freeze=False, drain_timeout_seconds=1))
+    records: list[logging.LogRecord] = []
+    recorder = logging.Handler()
+    recorder.emit = records.append  # type: ignore[method-assign]
+    for name in ("", "uvicorn"):  # the server's log configuration is in place now; uvicorn's loggers do not propagate
+        logging.getLogger(name).addHandler(recorder)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    release = threading.Event()
+    try:
+        wait_until_ready(url)
+        scheduler = server.config.app.state.service.scheduler
+        entered = threading.Event()
+        run_batch = scheduler.executor.run
+
+        def held(*args: object) -> object:
+            entered.set()
+            release.wait(120)
+            return run_batch(*args)
+
+        scheduler.executor.run = held
+        results: list[httpx.Response] = []
+        sender = threading.Thread(target=lambda: results.append(httpx.post(
+            url + "/v1/score", json={"query": "q", "items": ["a"]}, headers={"x-request-id": "late-1"},
+            timeout=120)))
+        sender.start()
+        assert entered.wait(60)
+        server.handle_exit(signal.SIGTERM, None)
+        sender.join(120)  # answered once the drain time ran out, while the batch is still held
+        assert results, "no answer"
+        response = results[0]
+        assert response.status_code == 503, response.text
+        assert response.headers["x-request-id"] == "late-1"
+        error = response.json()
+        assert error["type"] == "ServiceUnavailable" and "drain" in error["message"], error
+        release.set()
+        thread.join(60)
+        assert not [r for r in records if r.exc_info or "Exception in ASGI" in r.getMessage()], records
+    finally:
+        for name in ("", "uvicorn"):
+            logging.getLogger(name).removeHandler(recorder)
+        release.set()
+        server.should_exit = True
+        thread.join(30)

@@ -27,6 +27,10 @@ from scorekeeper_worker.config import (
 )
 
 PROG = "scorekeeper-worker"
+# oneDNN caches one compiled primitive per tensor shape, 1024 by default: with batches of every size that is memory
+# growing for thousands of requests (docs/benchmarks.md). Read when oneDNN first runs, so set before torch loads.
+PRIMITIVE_CACHE_VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+PRIMITIVE_CACHE_CAPACITY = 64
 ENV_PREFIX = "SCOREKEEPER_"
 _FIELDS = WorkerConfig.model_fields
 TRUE_WORDS = frozenset({"1", "true", "yes", "on", "y", "t"})
@@ -103,6 +107,16 @@ def build_parser() -> argparse.ArgumentParser:
     add("--cuda-graph-max-seqs", "sequence slots captured per bucket", type=int)
     add("--attention-backend", "attention implementation", choices=[a.value for a in AttentionBackendName])
     add("--drain-timeout-seconds", "on SIGTERM, how long in-flight requests may take to finish", type=float)
+    add("--http-header-timeout-seconds", "a connection must deliver a request's head (request line and headers) "
+        "within this long of opening, or of the request's first byte on a kept-alive connection; else 408 and "
+        "closed (both ports)", type=float)
+    add("--http-body-timeout-seconds", "a request's body must arrive within this long of its head; else 408 and "
+        "closed", type=float)
+    add("--http-idle-timeout-seconds", "a kept-alive connection with no new request for this long is closed",
+        type=float)
+    add("--max-connections", "open connections per port (API, metrics); beyond it the oldest connection still "
+        "waiting for a request head is closed, or, if none waits, the new one gets 503 (clamped to what the "
+        "process's file-descriptor limit allows)", type=int)
     add("--self-check", "at start-up, score a fixed probe set through the engine and through plain transformers "
         "and refuse to start if they differ beyond the dtype's tolerance", action=argparse.BooleanOptionalAction)
     add("--gc-freeze", "once the model is loaded, collect garbage and move every surviving object to Python's "
@@ -190,6 +204,11 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) 
         raise ConfigError(_describe(error, sources)) from None
 
 
+def bound_primitive_cache(environ: dict[str, str] | os._Environ[str] = os.environ) -> None:
+    """The worker's bound on oneDNN's primitive cache, unless the environment sets one."""
+    environ.setdefault(PRIMITIVE_CACHE_VARIABLE, str(PRIMITIVE_CACHE_CAPACITY))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -211,6 +230,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ConfigError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         sys.exit(2)  # argparse's status for a usage error
+    bound_primitive_cache()
     from scorekeeper_worker.api.server import run  # heavy imports (torch) only when serving
 
     run(config)

@@ -76,6 +76,10 @@ class WorkerConfig(BaseModel):
     cuda_graph_max_seqs: int = Field(256, ge=1)
     attention_backend: AttentionBackendName = AttentionBackendName.AUTO
     drain_timeout_seconds: float = Field(30.0, ge=0)
+    http_header_timeout_seconds: float = Field(10.0, gt=0)
+    http_body_timeout_seconds: float = Field(20.0, gt=0)
+    http_idle_timeout_seconds: float = Field(5.0, gt=0)
+    max_connections: int = Field(2048, ge=8)
     self_check: bool = True
     gc_freeze: bool = True
     termination_log: Path = Path("/dev/termination-log")

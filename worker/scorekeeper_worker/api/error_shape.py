@@ -11,8 +11,9 @@ from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
-from scorekeeper_worker.contract.errors import TYPES, ApiError, BadRequest, ErrorResponse
+from scorekeeper_worker.contract.errors import TYPES, ApiError, BadRequest, ClientDisconnected, ErrorResponse
 
 DESCRIPTIONS = {
     400: "Bad request: the message names the field at fault",
@@ -31,6 +32,8 @@ def error_for(error: Exception, method: str, path: str, request_id: str) -> tupl
     """The one mapping from an exception to what the client sees: the body and its headers."""
     if isinstance(error, RequestValidationError):
         error = BadRequest(validation_message(error.errors()))
+    if isinstance(error.__cause__, ClientDisconnect):  # FastAPI's 400 for a body cut off (api/http_protocol.py)
+        error = ClientDisconnected("the connection closed before the request body was complete")
     if isinstance(error, ApiError):
         return ErrorResponse(message=error.message, type=error.kind, code=error.status), dict(error.headers or {})
     if isinstance(error, HTTPException):  # raised by Starlette's router

@@ -1,43 +1,99 @@
-"""Request bodies parsed strictly, so that no body, however malformed, reaches a 500 or FastAPI's own error shape.
+"""Request bodies parsed strictly and off the event loop, so that no body, however malformed or large, reaches a 500,
+FastAPI's own error shape, or a stalled loop.
 
-FastAPI's route handler parses JSON with `Request.json()`; `JSONRoute` hands it a request whose `json()`:
-- decodes UTF-8 with `surrogateescape`, so invalid bytes survive as lone surrogates and the request model's text
+FastAPI's route handler parses JSON with `Request.json()` and then validates it; `JSONRoute` hands it a request whose
+`json()` does both in a worker thread and returns the validated model (which FastAPI's own validation then passes
+through unchanged). A thread is enough only because no step holds the interpreter for long: `json.loads` and
+pydantic hold it for the whole of one call, and a body of millions of small arrays costs seconds there (mostly the
+garbage collector, which walks every container), so such a body is refused before it is parsed, from a scan of its
+bytes (`count_containers`: a few fast passes of at most tens of milliseconds for 8 MB). Then:
+- UTF-8 is decoded with `surrogateescape`, so invalid bytes survive as lone surrogates and the request model's text
   check names the field that holds them (instead of one "body is not UTF-8" for the whole request);
-- turns every parse failure (syntax, nesting deeper than the interpreter's recursion limit, integers of more than
-  4,300 digits) into a 400 that says what is wrong.
-A body sent without a JSON content type is a 400 saying which content type to send.
+- every parse failure (syntax, nesting deeper than the interpreter's recursion limit, integers of more than 4,300
+  digits) is a 400 that says what is wrong.
+A body sent without a JSON content type is a 400 saying which content type to send; a compressed body, or one in
+another charset than UTF-8, is a 415.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from collections.abc import Awaitable, Callable
+from email.message import Message
 from typing import Any
 
+import numpy as np
 from fastapi.routing import APIRoute
+from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from scorekeeper_worker.contract.errors import BadRequest
+from scorekeeper_worker.api.error_shape import validation_message
+from scorekeeper_worker.contract.errors import BadRequest, UnsupportedMediaType
 
 JSON_TYPES = ("application/json",)
+_NOT_STRUCTURE = bytes(range(256)).translate(None, b'"[{')  # every byte but a quote and the opening brackets
+
+
+def count_containers(body: bytes) -> int:
+    """Arrays and objects in a JSON text, counting only brackets outside strings. A guard, not a parser: garbage
+    gives some count, and json.loads refuses it afterwards."""
+    # Escaped backslashes, then escaped quotes, go first: every quote left opens or closes a string.
+    marks = body.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE)
+    codes = np.frombuffer(marks, dtype=np.uint8)
+    quotes = codes == ord('"')
+    inside = np.cumsum(quotes, dtype=np.uint8) & 1  # parity of the quotes so far (uint8 wraps: parity survives)
+    return int(np.count_nonzero(~quotes & (inside == 0)))
+
+
+def parse(body: bytes, model: type[BaseModel] | None, max_containers: int) -> Any:
+    """Body bytes → the validated model (or plain JSON without one); a worker thread runs this."""
+    if body.count(b"[") + body.count(b"{") > max_containers:  # brackets in strings too: count them exactly
+        containers = count_containers(body)
+        if containers > max_containers:
+            raise BadRequest(f"body: {containers} JSON arrays and objects, over this server's limit of "
+                             f"{max_containers} (4 per item of --max-items-per-request, plus 1024)")
+    text = body.decode("utf-8", "surrogateescape")
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise BadRequest(f"body: not valid JSON: {error.msg} at line {error.lineno} column {error.colno}") from None
+    except RecursionError:
+        raise BadRequest("body: JSON nested too deeply") from None
+    except ValueError:  # int() of a decimal string longer than Python's limit
+        raise BadRequest(f"body: an integer has more than {sys.get_int_max_str_digits()} digits") from None
+    if model is None or not isinstance(parsed, dict):  # FastAPI's own validation says what else it should be
+        return parsed
+    try:
+        return model.model_validate(parsed)
+    except ValidationError as error:  # as FastAPI would report it, locations under "body"; an HTTPException, which
+        # FastAPI lets through while it reads a body (anything else there becomes its own generic 400)
+        raise BadRequest(validation_message([{**detail, "loc": ("body", *detail["loc"])}
+                                             for detail in error.errors(include_url=False)])) from None
 
 
 class JSONBodyRequest(Request):
+    model: type[BaseModel] | None = None
+    max_containers = 0
+
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
-            text = (await self.body()).decode("utf-8", "surrogateescape")
-            try:
-                self._json = json.loads(text)
-            except json.JSONDecodeError as error:
-                raise BadRequest(f"body: not valid JSON: {error.msg} at line {error.lineno} column {error.colno}"
-                                 ) from None
-            except RecursionError:
-                raise BadRequest("body: JSON nested too deeply") from None
-            except ValueError:  # int() of a decimal string longer than Python's limit
-                raise BadRequest(f"body: an integer has more than {sys.get_int_max_str_digits()} digits") from None
+            self._json = await asyncio.to_thread(parse, await self.body(), self.model, self.max_containers)
         return self._json
+
+
+def _check_encoding(request: Request) -> None:
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding != "identity":
+        raise UnsupportedMediaType(f"content-encoding: {encoding} is not decoded by this server; send the body "
+                                   "uncompressed")
+    header = Message()
+    header["content-type"] = request.headers.get("content-type", "")
+    charset = header.get_param("charset")
+    if isinstance(charset, str) and charset.lower() not in ("utf-8", "utf8"):
+        raise UnsupportedMediaType(f"content-type: charset={charset} is not supported; send UTF-8 JSON")
 
 
 def _is_json(content_type: str | None) -> bool:
@@ -48,13 +104,18 @@ def _is_json(content_type: str | None) -> bool:
 class JSONRoute(APIRoute):
     def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
         handler = super().get_route_handler()
-        takes_body = self.body_field is not None
+        body_field = self.body_field
+        model = body_field.field_info.annotation if body_field is not None else None
 
         async def strict_handler(request: Request) -> Response:
             request = JSONBodyRequest(request.scope, request.receive)
-            if takes_body and not _is_json(request.headers.get("content-type")) and await request.body():
-                raise BadRequest(f"body: send JSON with content-type: application/json (got content-type: "
-                                 f"{request.headers.get('content-type', 'none')})")
+            if body_field is not None:
+                _check_encoding(request)
+                request.model = model if isinstance(model, type) and issubclass(model, BaseModel) else None
+                request.max_containers = request.app.state.max_json_containers
+                if not _is_json(request.headers.get("content-type")) and await request.body():
+                    raise BadRequest(f"body: send JSON with content-type: application/json (got content-type: "
+                                     f"{request.headers.get('content-type', 'none')})")
             return await handler(request)
 
         return strict_handler

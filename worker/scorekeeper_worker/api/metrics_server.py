@@ -1,63 +1,66 @@
-"""--metrics-port: /metrics alone on its own port (prometheus-client's WSGI app in a thread), so that a scrape never
-needs an API key and the port a ServiceMonitor or NetworkPolicy opens reaches nothing else.
+"""--metrics-port: /metrics alone on its own port, so that a scrape never needs an API key and the port a
+ServiceMonitor or NetworkPolicy opens reaches nothing else.
 
-Every other path answers 404 (and /metrics anything but GET/HEAD 405) in the API's error shape. The thread serves
-until the process exits, so metrics stay visible while the worker drains.
+A uvicorn server with the same hardened connections as the API port (api/http_protocol.py: timeouts, a connection
+cap, errors in the error shape) on an event loop of its own in a thread: no thread per connection, and scrapes keep
+being answered while the API port drains or its loop is busy. Every other path answers 404 (and /metrics anything
+but GET/HEAD 405) in the API's error shape. Serves until the worker's lifespan ends, after the drain.
 """
 
 from __future__ import annotations
 
-import socket
+import asyncio
 import threading
-from collections.abc import Callable, Iterable
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.exposition import ThreadingWSGIServer
+import uvicorn
+from prometheus_client import CollectorRegistry, make_asgi_app
+from starlette.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
 
+from scorekeeper_worker.api.http_protocol import quiet_accept_errors
 from scorekeeper_worker.contract.errors import TYPES, ErrorResponse
 
-StartResponse = Callable[..., Any]
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(ErrorResponse(message=message, type=TYPES[status], code=status).model_dump(),
+                        status_code=status, headers=headers)
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # scrapes every few seconds: not worth a log line
-        pass
-
-
-def _error(start_response: StartResponse, status: int, reason: str, message: str,
-           headers: list[tuple[str, str]]) -> Iterable[bytes]:
-    body = ErrorResponse(message=message, type=TYPES[status], code=status).model_dump_json().encode()
-    start_response(f"{status} {reason}", [("Content-Type", "application/json"),
-                                          ("Content-Length", str(len(body))), *headers])
-    return [body]
+class _Server(uvicorn.Server):
+    async def serve(self, sockets: Any = None) -> None:
+        quiet_accept_errors(asyncio.get_running_loop())  # this loop's own accept errors, as on the API port
+        await super().serve(sockets)
 
 
 class MetricsServer:
-    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
-        metrics = make_wsgi_app(registry)
+    def __init__(self, registry: CollectorRegistry, host: str, port: int, options: dict[str, Any]) -> None:
+        metrics = make_asgi_app(registry)
 
-        def only_metrics(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-            path, method = environ.get("PATH_INFO", ""), environ.get("REQUEST_METHOD", "")
+        async def only_metrics(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "http":  # lifespan is off; nothing else reaches an HTTP server
+                return
+            path, method = scope["path"], scope["method"]
             if path != "/metrics":
-                return _error(start_response, 404, "Not Found", f"no route {path}: this port serves /metrics only",
-                              [])
-            if method not in ("GET", "HEAD"):
-                return _error(start_response, 405, "Method Not Allowed",
-                              f"method {method} is not allowed on /metrics", [("Allow", "GET, HEAD")])
-            result: Iterable[bytes] = metrics(environ, start_response)
-            return result
+                response = _error(404, f"no route {path}: this port serves /metrics only")
+            elif method not in ("GET", "HEAD"):
+                response = _error(405, f"method {method} is not allowed on /metrics", {"Allow": "GET, HEAD"})
+            else:
+                try:
+                    await metrics(scope, receive, send)
+                    return
+                except UnicodeDecodeError:  # prometheus-client decodes Accept headers as UTF-8
+                    response = _error(400, "Accept and Accept-Encoding headers must be UTF-8")
+            await response(scope, receive, send)
 
-        class Server(ThreadingWSGIServer):  # IPv4 or IPv6, as the host (--host) asks
-            address_family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-
-        self.httpd = make_server(host, port, only_metrics, Server, handler_class=_QuietHandler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, name="scorekeeper-metrics", daemon=True)
+        config = uvicorn.Config(only_metrics, host=host, port=port, lifespan="off", log_config=None,
+                                access_log=False, **options)  # scrapes every few seconds: not worth a log line
+        self.server = _Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="scorekeeper-metrics", daemon=True)
 
     def start(self) -> None:
         self.thread.start()
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.server.should_exit = True
+        self.thread.join(10)

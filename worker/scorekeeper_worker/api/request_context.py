@@ -7,10 +7,13 @@ and the last word on errors.
   any other path, so scanners cannot create series without bound).
 - An exception that escapes the app becomes the error response here and is logged once, with the request id;
   nothing is re-raised, so uvicorn does not log it a second time.
+- A request the server cancels (uvicorn cancels what still runs when the drain time is over) is answered 503 in the
+  error shape, not uvicorn's plain-text 500 and its traceback.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -22,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scorekeeper_worker.api.drain import Drain
 from scorekeeper_worker.api.error_shape import error_for
+from scorekeeper_worker.contract.errors import NotReady
 from scorekeeper_worker.logs import REQUEST_ID
 from scorekeeper_worker.metrics import WorkerMetrics
 
@@ -96,6 +100,12 @@ class RequestContext:
                 await self.reporter.answer(error, scope["method"], path)(scope, receive, send_with_id)
             else:  # the answer has begun: it cannot become an error any more; uvicorn closes the connection
                 log.error("%s %s failed after its response started", scope["method"], path, exc_info=error)
+        except asyncio.CancelledError:  # only uvicorn's shutdown cancels a request: the drain time is over
+            if status is not None:
+                raise
+            stopped = NotReady("the worker is shutting down: the request was still running when the drain time "
+                               "(--drain-timeout-seconds) ran out, and was cancelled; retry it")
+            await self.reporter.answer(stopped, scope["method"], path)(scope, receive, send_with_id)
         finally:
             if scoring:
                 self.drain.inflight -= 1

@@ -15,25 +15,25 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
-from scorekeeper_worker.api.auth import ApiKeyAuth, ApiKeys, is_protected
+from scorekeeper_worker.api.auth import ApiKeyAuth, ApiKeys
 from scorekeeper_worker.api.body_limit import BodyLimit
 from scorekeeper_worker.api.disconnect import cancel_on_disconnect
 from scorekeeper_worker.api.drain import Drain, DrainingServer
 from scorekeeper_worker.api.embeddings import embed
 from scorekeeper_worker.api.embeddings import response as embedding_response
 from scorekeeper_worker.api.error_shape import error_responses
+from scorekeeper_worker.api.http_protocol import quiet_accept_errors, server_options
 from scorekeeper_worker.api.json_body import JSONRoute
 from scorekeeper_worker.api.metrics_server import MetricsServer
+from scorekeeper_worker.api.openapi import openapi_document
 from scorekeeper_worker.api.request_context import ErrorReporter, RequestContext
 from scorekeeper_worker.api.rerank import rerank
 from scorekeeper_worker.api.termination import EXIT_LOAD_FAILED, failure_reason, write_termination_message
@@ -55,31 +55,6 @@ log = logging.getLogger(__name__)
 STARTUP_FAILURE = 3  # uvicorn's exit status when the app cannot start (port taken, lifespan failed)
 # Every route can answer these: a wrong method, a body over the limit (any request may carry one), a bug.
 ANY_ROUTE = (405, 413, 500)
-REQUEST_ID_HEADER = {"x-request-id": {"description": "the request's id (the client's x-request-id, or a new one); "
-                                                     "log lines written for the request carry it",
-                                      "schema": {"type": "string"}, "required": True}}
-
-
-def _openapi(app: FastAPI, secured: bool) -> dict[str, Any]:
-    """FastAPI's document, less its 422 (validation errors are 400s here), plus what the ASGI layers add: the
-    x-request-id header, and the bearer scheme on /v1."""
-    if app.openapi_schema is None:
-        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
-        for unused in ("HTTPValidationError", "ValidationError"):
-            schema["components"]["schemas"].pop(unused, None)
-        if secured:
-            schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
-        for path, operations in schema["paths"].items():
-            for operation in operations.values():
-                operation["responses"].pop("422", None)
-                for response in operation["responses"].values():
-                    response["headers"] = {**response.get("headers", {}), **REQUEST_ID_HEADER}
-                if secured and is_protected(path):
-                    operation["security"] = [{"bearer": []}]
-        app.openapi_schema = schema
-    return app.openapi_schema
-
-
 def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI:
     install_request_ids()
     metrics = WorkerMetrics()
@@ -91,9 +66,10 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        quiet_accept_errors(asyncio.get_running_loop())
         scrapes = None
         if config.metrics_port is not None:
-            scrapes = MetricsServer(metrics.registry, config.host, config.metrics_port)
+            scrapes = MetricsServer(metrics.registry, config.host, config.metrics_port, server_options(config))
             scrapes.start()
 
         def load() -> None:
@@ -120,6 +96,11 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
 
     app = FastAPI(title="Scorekeeper worker", version="0.1.0", lifespan=lifespan)
     app.router.route_class = JSONRoute
+    # HTTP hardening (issue 26): no redirect for a trailing slash (its Location would repeat the client's Host
+    # header): a 404 names the path. A body is refused before parsing beyond this many arrays and objects
+    # (api/json_body.py): four per item a request may hold, and room for the rest.
+    app.router.redirect_slashes = False
+    app.state.max_json_containers = 4 * config.max_items_per_request + 1024
     app.state.service = service
     app.state.metrics = metrics
     app.state.drain = drain
@@ -194,7 +175,8 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
             return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     routes.update(route.path for route in app.routes if isinstance(route, APIRoute))
-    app.openapi = lambda: _openapi(app, secured=keys is not None)  # type: ignore[method-assign]
+    app.openapi = lambda: openapi_document(  # type: ignore[method-assign]
+        app, secured=keys is not None, model=service.model)  # the server as loaded (api/openapi.py)
     return app
 
 
@@ -203,7 +185,8 @@ def build_server(config: WorkerConfig) -> DrainingServer:
     level = config.log_level.value
     uvicorn_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=level,
                                     log_config=uvicorn_log_config(level),
-                                    timeout_graceful_shutdown=max(1, math.ceil(config.drain_timeout_seconds)))
+                                    timeout_graceful_shutdown=max(1, math.ceil(config.drain_timeout_seconds)),
+                                    **server_options(config))
     return DrainingServer(uvicorn_config, app.state.drain, config.drain_timeout_seconds)
 
 

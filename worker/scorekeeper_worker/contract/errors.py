@@ -55,6 +55,12 @@ class Unauthorized(ApiError):
     headers_ = (("WWW-Authenticate", "Bearer"),)
 
 
+class UnsupportedMediaType(ApiError):
+    """A body in an encoding or charset the server does not decode (it reads uncompressed UTF-8 JSON only)."""
+
+    status, kind = 415, "UnsupportedMediaType"
+
+
 class PayloadTooLarge(ApiError):
     status, kind, reason = 413, "RequestTooLarge", "body_too_large"
 
@@ -106,6 +112,6 @@ class ClientDisconnected(ApiError):
 
 
 # Types of the statuses Starlette raises by itself (unknown route, wrong method), and of everything above.
-TYPES = {cls.status: cls.kind for cls in (BadRequest, Unauthorized, PayloadTooLarge, Overloaded, NotReady,
-                                          RequestTimedOut, ClientDisconnected, ApiError)}
-TYPES |= {404: "NotFoundError", 405: "MethodNotAllowed"}
+TYPES = {cls.status: cls.kind for cls in (BadRequest, Unauthorized, PayloadTooLarge, UnsupportedMediaType, Overloaded,
+                                          NotReady, RequestTimedOut, ClientDisconnected, ApiError)}
+TYPES |= {404: "NotFoundError", 405: "MethodNotAllowed", 408: "RequestTimeout"}  # 408: the connection's limits

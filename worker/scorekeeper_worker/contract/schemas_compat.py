@@ -98,13 +98,16 @@ class RerankResponse(BaseModel):
 
 
 def _input_shape(value: Any) -> str | None:
+    """A list is read by its first element: lists (token-id lists), numbers (token ids: 0.0 is the integer 0 in
+    JSON Schema, and a fraction is refused as a token id), anything else texts."""
     if isinstance(value, str):
         return "<text>"
     if not isinstance(value, list):
         return None
     if value and isinstance(value[0], list):
         return "<lists>"
-    return "<list>" if value and isinstance(value[0], int) and not isinstance(value[0], bool) else "<texts>"
+    number = value and isinstance(value[0], int | float) and not isinstance(value[0], bool)
+    return "<list>" if number else "<texts>"
 
 
 EmbeddingInput = Annotated[

@@ -23,7 +23,8 @@ from scorekeeper_worker.metrics import WorkerMetrics
 from scorekeeper_worker.model.loader import ModelKind, ScoringModel, load_model
 from scorekeeper_worker.model.prompt_template import load_template, resolve_label_tokens
 from scorekeeper_worker.planning.encoding import LengthRules, encode, plain_tokens
-from scorekeeper_worker.planning.planner import ScorePlan, plan, tokenize
+from scorekeeper_worker.planning.planner import ScorePlan, length_rules, plan, tokenize
+from scorekeeper_worker.planning.token_budget import refuse_early
 from scorekeeper_worker.serving import selfcheck
 from scorekeeper_worker.serving.gc_pauses import freeze_after_load
 
@@ -258,6 +259,9 @@ class ScoringService:
             self.metrics.hidden_requests.inc()
         if not items:
             return None
+        # --max-request-tokens from a bounded count, before a text request is tokenized whole (issue 26)
+        refuse_early(model, request.query, items, rules or (LengthRules(field="input") if embed else
+                                                            length_rules(request)), config.max_request_tokens)
         if embed:  # each input alone, no query
             tokens = encode(model, plain_tokens(model, request.query, items, "input"),  # type: ignore[arg-type]
                             rules or LengthRules(field="input"))

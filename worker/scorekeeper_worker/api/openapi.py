@@ -1,0 +1,74 @@
+"""The OpenAPI document: FastAPI's, less its 422 (validation errors are 400s here), plus what the ASGI layers add
+(the x-request-id header, the bearer scheme on /v1), and describing the server as loaded, so that every body the
+document calls valid can be served by this model:
+- /v1/embeddings is listed only when the model is an embedding model;
+- where a query and an item can both be empty and then make a sequence of no tokens (token ids, always; text, on a
+  decoder whose tokenizer adds no special tokens and with no prompt template), the request schema says `not` that.
+Until the model has loaded the document is not cached (it cannot say all this yet).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from scorekeeper_worker.api.auth import is_protected
+from scorekeeper_worker.model.loader import ModelKind, ScoringModel
+
+REQUEST_ID_HEADER = {"x-request-id": {"description": "the request's id (the client's x-request-id, or a new one); "
+                                                     "log lines written for the request carry it",
+                                      "schema": {"type": "string"}, "required": True}}
+EMPTY_QUERY_TEXT = {"enum": ["", None]}  # also matches a query left out (`properties` holds for absent fields)
+EMPTY_QUERY_IDS = {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}
+EMPTY_TEXT = {"const": ""}
+EMPTY_IDS = {"type": "array", "maxItems": 0}
+
+
+def _empty_pairs(model: ScoringModel) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`not` clauses for /v1/score and /v1/rerank: the bodies whose query and some item are both empty and give
+    no tokens on this model (empty clauses when there are none)."""
+    ids = {"properties": {"query": EMPTY_QUERY_IDS, "items": {"type": "array", "contains": EMPTY_IDS}},
+           "required": ["items"]}
+    if model.kind == ModelKind.EMBEDDING:  # every sequence alone: the query's own emptiness is model-dependent
+        return {}, {}
+    if model.kind == ModelKind.CROSS_ENCODER or model.template is not None or model.specials.prefix \
+            or model.specials.suffix:  # text always gets tokens
+        return {"not": ids}, {}
+    text = {"properties": {"query": EMPTY_QUERY_TEXT,
+                           "items": {"anyOf": [EMPTY_TEXT, {"type": "array", "contains": EMPTY_TEXT}]}},
+            "required": ["items"]}
+    document = {"anyOf": [EMPTY_TEXT, {"type": "object", "properties": {"text": EMPTY_TEXT}, "required": ["text"]}]}
+    rerank = {"properties": {"query": EMPTY_TEXT, "documents": {"type": "array", "contains": document}},
+              "required": ["query", "documents"]}
+    return {"not": {"anyOf": [text, ids]}}, {"not": rerank}
+
+
+def _describe_the_model(schema: dict[str, Any], model: ScoringModel) -> None:
+    if model.kind != ModelKind.EMBEDDING:
+        schema["paths"].pop("/v1/embeddings", None)
+    score, rerank = _empty_pairs(model)
+    schema["components"]["schemas"]["ScoreRequest"].update(score)
+    schema["components"]["schemas"]["RerankRequest"].update(rerank)
+
+
+def openapi_document(app: FastAPI, secured: bool, model: ScoringModel | None) -> dict[str, Any]:
+    if app.openapi_schema is not None:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schema["components"]["schemas"].pop(unused, None)
+    if secured:
+        schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    for path, operations in schema["paths"].items():
+        for operation in operations.values():
+            operation["responses"].pop("422", None)
+            for response in operation["responses"].values():
+                response["headers"] = {**response.get("headers", {}), **REQUEST_ID_HEADER}
+            if secured and is_protected(path):
+                operation["security"] = [{"bearer": []}]
+    if model is not None:
+        _describe_the_model(schema, model)
+        app.openapi_schema = schema
+    return schema
