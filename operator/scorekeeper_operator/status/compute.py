@@ -136,10 +136,11 @@ def compute_status(desired: Desired, observed: Observed, previous: dict[str, Any
                         now=now, startup_seconds=desired.startup_seconds,
                         scheduling_deadline=SCHEDULING_DEADLINE_SECONDS)
               for p in observed.pods if not p["metadata"].get("deletionTimestamp")]
-    # A pod the kubelet evicted or refused stays behind as phase Failed; its replacement is another pod. It matters
-    # while capacity is short (the replacement is not serving yet), then it is history (lastFailure).
-    pod_failures = sorted((s.failure for s in states if s.failure is not None and (ready < want or not s.terminal)),
-                          key=lambda f: f.severity)
+    # A pod the kubelet evicted or refused stays behind as phase Failed (for days); its replacement is another pod.
+    # It matters while capacity is short and a replacement may still be on its way, then it is history (lastFailure).
+    recent = [s for s in states if s.terminal and (s.current_for is None or s.current_for > 0)]
+    pod_failures = sorted((s.failure for s in states if s.failure is not None
+                           and (not s.terminal or (ready < want and s in recent))), key=lambda f: f.severity)
     dep_failure = _deployment_failure(dep)
     failures = [*pod_failures, *([dep_failure] if dep_failure else [])]
     worst = failures[0] if failures else None
@@ -156,13 +157,16 @@ def compute_status(desired: Desired, observed: Observed, previous: dict[str, Any
         ready_state = (False, "DeploymentMissing", "the worker Deployment does not exist yet")
     elif want == 0:
         ready_state = (False, "ScaledToZero", "replicas is 0: nothing serves requests")
-    elif available and rolled_out:
+    elif available:  # Ready follows Available: old pods that still serve are capacity; the rollout is Progressing's
         reason = "AllReplicasReady" if ready >= want else "MinimumReplicasAvailable"
-        ready_state = (True, reason, f"{counts} on the current configuration")
+        rollout = "on the current configuration" if rolled_out \
+            else f"; rolling out: {updated if current else 0} of {want} pods run the current configuration"
+        ready_state = (True, reason, f"{counts} {rollout}".replace(" ;", ";"))
     elif worst is not None:
         ready_state = (False, worst.reason, f"{worst.pod}: {worst.message}")
     elif not rolled_out:
-        ready_state = (False, "RollingOut", f"{updated} of {want} pods run the current configuration")
+        ready_state = (False, "RollingOut", f"{updated if current else 0} of {want} pods run the current"
+                                            " configuration")
     else:
         ready_state = (False, "WaitingForReadyReplicas", f"{counts}; {pods_note}".rstrip("; "))
 
@@ -221,4 +225,6 @@ def compute_status(desired: Desired, observed: Observed, previous: dict[str, Any
     if failure is not None:
         status["lastFailure"] = failure if failure.get("time") else {**failure, "time": stamp}
     deadlines = [s.wait.deadline_in for s in states if s.wait is not None and s.wait.deadline_in is not None]
+    if ready < want:  # a recent eviction turns into history with no event to say so
+        deadlines += [s.current_for for s in recent if s.current_for is not None]
     return Assessment(status, min(deadlines, default=None), any(s.wait is not None for s in states))
