@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from scorekeeper_operator.spec.base import Spec
 from scorekeeper_operator.spec.pod import NetworkPolicy, PodOptions
-from scorekeeper_operator.spec.quantity import QUANTITY_PATTERN
+from scorekeeper_operator.spec.quantity import QUANTITY_PATTERN, quantities_as_strings
 from scorekeeper_operator.spec.worker_contract import BUILTIN_PROMPT_TEMPLATES, RESERVED_FLAGS
 
 _URI = re.compile(r"^(?P<scheme>pvc|hf|file)://(?P<rest>.+)$")
@@ -75,10 +75,7 @@ class ModelSource(Spec):
     @model_validator(mode="before")
     @classmethod
     def _size_as_string(cls, data: Any) -> Any:
-        # int-or-string in the CRD, like every quantity
-        if isinstance(data, dict) and isinstance(data.get("downloadSizeLimit"), int):
-            return {**data, "downloadSizeLimit": str(data["downloadSizeLimit"])}
-        return data
+        return quantities_as_strings(data, ("downloadSizeLimit",))
 
     @property
     def scheme(self) -> str:
@@ -201,10 +198,7 @@ class Resources(Spec):
     @model_validator(mode="before")
     @classmethod
     def _quantities_as_strings(cls, data: Any) -> Any:
-        # int-or-string in the CRD; the API and the kubernetes client want quantities as strings
-        if isinstance(data, dict):
-            return {k: str(v) if k in ("cpu", "memory") and isinstance(v, int) else v for k, v in data.items()}
-        return data
+        return quantities_as_strings(data, ("cpu", "memory"))
 
 
 class AutoscalerProvider(StrEnum):
