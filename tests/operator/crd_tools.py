@@ -67,8 +67,9 @@ def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
 
 
 def _as_json_schema(schema: Any) -> Any:
-    """The schema as the API server applies it: `x-kubernetes-int-or-string` admits an integer or a string, nothing
-    else (jsonschema would ignore the extension and admit anything, `cpu: 1.5` included, which the API refuses)."""
+    """The schema as the API server applies it, in draft 7: `x-kubernetes-int-or-string` admits an integer or a string,
+    nothing else (jsonschema would ignore the extension and admit anything, `cpu: 1.5` included, which the API
+    refuses); OpenAPI 3.0's boolean `exclusiveMinimum` becomes draft 7's number."""
     if isinstance(schema, list):
         return [_as_json_schema(item) for item in schema]
     if not isinstance(schema, dict):
@@ -76,6 +77,11 @@ def _as_json_schema(schema: Any) -> Any:
     converted = {key: _as_json_schema(value) for key, value in schema.items()}
     if schema.get("x-kubernetes-int-or-string") and "type" not in schema:
         converted["type"] = ["integer", "string"]
+    for bound, limit in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(schema.get(bound), bool):  # OpenAPI 3.0's flag on the limit; draft 7 wants the number
+            converted.pop(bound)
+            if schema[bound]:
+                converted[bound] = converted.pop(limit)
     return converted
 
 

@@ -131,5 +131,5 @@ def test_what_is_not_a_quantity_is_refused(written: Any, at_the_api: bool) -> No
     body = scoring_model(resources={"cpu": written})
     errors = crd_tools.schema_errors(crd_tools.apply_defaults(crd_tools.version_schema(), body))
     assert bool(errors) is at_the_api
-    with pytest.raises(InvalidSpec, match="spec.resources.cpu"):
+    with pytest.raises(InvalidSpec, match=r"spec\.resources\.cpu"):
         ScoringModel.from_body(body)

@@ -25,6 +25,8 @@ _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _HF_PATH = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*(/[^/].*\.gguf)?$")
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 DEFAULT_DOWNLOAD_SIZE_LIMIT = "20Gi"
+INT8_ON_GPU_MESSAGE = ("scoring.quantization int8 runs the model on CPU: it needs resources.gpu.count 0 (on a GPU,"
+                       " use model.dtype bfloat16 or float16)")
 GPU_COUNT_MESSAGE = ("resources.gpu.count must be 0 or 1: a worker runs its model on one GPU, so every further GPU"
                      " would be reserved and idle; scale out with replicas (one GPU each) instead")
 
@@ -134,6 +136,24 @@ class PooledHiddenStates(StrEnum):
     FORBIDDEN = "forbidden"
 
 
+class Quantization(StrEnum):
+    NONE = "none"
+    INT8 = "int8"  # CPU only; the worker starts only with an accuracy certificate against float32
+
+
+class QuantizationCertificate(Spec):
+    """The worker's certificate thresholds (--quantization-min-spearman, ...); unset: the worker's defaults."""
+
+    min_spearman: float | None = Field(None, ge=-1, le=1)
+    max_score_delta: float | None = Field(None, gt=0)
+    min_top10: float | None = Field(None, ge=0, le=1)
+
+
+class Decisions(Spec):
+    # /v1/decisions: the prompt template text that replaces the worker's built-in one (written into the ConfigMap).
+    template: str | None = Field(None, min_length=1, max_length=65536)
+
+
 # Rendered into the worker's comma-separated --label-tokens, hence no commas (the CRD's pattern says the same).
 LabelToken = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^,]+$")]
 
@@ -148,9 +168,14 @@ class Scoring(Spec):
     # A built-in template's name, or the template text itself (written into the worker's ConfigMap).
     prompt_template: str | None = Field(None, min_length=1, max_length=65536)
     label_tokens: tuple[LabelToken, ...] | None = Field(None, min_length=1, max_length=64)
+    quantization: Quantization = Quantization.NONE
+    quantization_certificate: QuantizationCertificate | None = None
+    decisions: Decisions = Decisions()
 
     @model_validator(mode="after")
     def _prompt(self) -> Self:
+        if self.quantization_certificate is not None and self.quantization is not Quantization.INT8:
+            raise ValueError("scoring.quantizationCertificate applies only to scoring.quantization int8")
         template = self.prompt_template
         if template is not None and template not in BUILTIN_PROMPT_TEMPLATES and \
                 (template.count("{item}") != 1 or template.count("{query}") != 1):
@@ -272,6 +297,12 @@ class ScoringModelSpec(Spec):
     pod: PodOptions = PodOptions()
     network_policy: NetworkPolicy = NetworkPolicy()
     auth: Auth = Auth()
+
+    @model_validator(mode="after")
+    def _int8_on_cpu(self) -> Self:
+        if self.scoring.quantization is Quantization.INT8 and self.uses_gpu:
+            raise ValueError(INT8_ON_GPU_MESSAGE)
+        return self
 
     @model_validator(mode="after")
     def _extra_args(self) -> Self:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
 from decimal import ROUND_CEILING, Decimal, localcontext
+from typing import Any
 
 # The grammar of quantity.go (parseQuantityString + the suffixer), without the sign: requests and limits cannot be
 # negative. `K` is not a suffix (only `k` and `Ki`); `1.` and `.5` are numbers; an exponent may carry a sign.

@@ -3,10 +3,12 @@
 Modelled on the Deployment controller's conditions, so that status does not flap during normal operation:
 - Available: at least the guaranteed replicas minus the disruption the PDB allows serve (any revision). Guaranteed
   is `replicas`, or with autoscaling `minReplicas`: pods the HPA adds are capacity on its way, not missing.
-- Ready: Available, and the current configuration is rolled out (no pod of an older revision left). So an HPA
-  scale-up, one pod restarting, or a node being added leaves Ready alone; a spec change is Ready once rolled out.
+- Ready: follows Available (pods of an older revision that still serve count), except while the spec cannot be
+  served (ConfigValid=False). So an HPA scale-up, one pod restarting, a node being added or a rollout leaves Ready
+  alone; whether the rollout is done is Progressing's business.
 - Progressing: a rollout or pods starting (scale-up, restart); False when complete or past the progress deadline.
-- Degraded: a pod fails in a way that needs a human (status_pods.SEVERITY), with a specific reason and message.
+- Degraded: a pod fails now in a way that needs a human (pods.SEVERITY), with a specific reason and message; history
+  (an eviction long ago, one restart of a pod that served) is lastFailure, not Degraded.
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ class Desired:
     min_replicas: int | None = None  # with autoscaling: the guaranteed capacity
     startup_seconds: int = 1800
     model_source: dict[str, str] | None = None  # status.model: the hf:// revision and the commit it resolved to
-    pending_image: str | None = None  # a newer default worker image this model waits to roll out
+    # A model waiting for a rollout slot (pacing.py): the configuration it waits to roll out, and its image if another
+    pending_config_hash: str | None = None
+    pending_image: str | None = None
 
 
 @dataclass(frozen=True)
@@ -219,6 +223,8 @@ def compute_status(desired: Desired, observed: Observed, previous: dict[str, Any
         status.update({k: previous[k] for k in ("workerArgs", "workerImage") if previous.get(k)})
     if desired.model_source:
         status["model"] = desired.model_source
+    if desired.pending_config_hash:
+        status["pendingConfigHash"] = desired.pending_config_hash
     if desired.pending_image:
         status["pendingWorkerImage"] = desired.pending_image
     failure = last_failure(pod_failures, previous.get("lastFailure"))
