@@ -30,7 +30,13 @@ from scorekeeper_operator.k8s import (
 )
 from scorekeeper_operator.pacing import Decision, Pacer, paced_annotations
 from scorekeeper_operator.render.drift import applies_field, contains, left_out, owned_by
-from scorekeeper_operator.render.manifests import MANAGED_SELECTOR, OPTIONAL_KINDS, Rendered, selector_string
+from scorekeeper_operator.render.manifests import (
+    MANAGED_BY,
+    MANAGED_SELECTOR,
+    OPTIONAL_KINDS,
+    Rendered,
+    selector_string,
+)
 from scorekeeper_operator.spec.model import ScoringModel
 from scorekeeper_operator.status.compute import ConfigError
 
@@ -157,5 +163,4 @@ class Children:
 
 def owned_by_label(obj: dict[str, Any]) -> bool:
     """Carries the label the watches select on, so that the cache is kept current for it."""
-    labels = (obj.get("metadata") or {}).get("labels") or {}
-    return f"app.kubernetes.io/managed-by={labels.get('app.kubernetes.io/managed-by')}" == MANAGED_SELECTOR
+    return ((obj.get("metadata") or {}).get("labels") or {}).get("app.kubernetes.io/managed-by") == MANAGED_BY

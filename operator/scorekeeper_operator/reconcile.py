@@ -250,7 +250,7 @@ class Reconciler:
 
     def _release_waiting(self) -> None:
         """Free rollout slots go to the models that have waited longest: one pass each, not one per waiting model."""
-        for key in self.pacer.next_up():
+        for key in self.pacer.next_up() if self.pacer.waiting else ():
             self.scheduler.trigger(key)
         metrics.UPGRADES_WAITING.set(len(self.pacer.waiting))
 

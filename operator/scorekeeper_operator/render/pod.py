@@ -85,8 +85,9 @@ def _container_security() -> dict[str, Any]:
 
 def _pod_security() -> dict[str, Any]:
     return {"runAsNonRoot": True, "runAsUser": pod_layout.WORKER_UID, "runAsGroup": pod_layout.WORKER_GID,
-            # fsGroup: the download init container can write the cache PVC; OnRootMismatch skips a recursive
-            # chown of a large cache on every start.
+            # fsGroup: the download init container can write the cache PVC where the volume's driver applies it
+            # (most do not for ReadWriteMany: check-model then says so); OnRootMismatch skips a recursive chown of a
+            # large cache on every start.
             "fsGroup": pod_layout.WORKER_GID, "fsGroupChangePolicy": "OnRootMismatch",
             "seccompProfile": {"type": "RuntimeDefault"}}
 
@@ -189,7 +190,7 @@ def pod_template(model: ScoringModel, settings: OperatorSettings, labels: dict[s
         **_scheduling(model, selector),
     }
     base = {**user, "resources": _resources(model, gpus=False), "securityContext": _container_security()}
-    init = []
+    init: list[dict[str, Any] | None] = []
     if spec.model.scheme != "hf":  # the path the worker will load, as it will see it
         init.append(check_init_container(model, flags.model_path(spec.model.uri), image,
                                          {**base, "volumeMounts": [*model_mounts, *user["volumeMounts"]]}))
