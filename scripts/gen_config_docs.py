@@ -51,6 +51,10 @@ SAMPLES: dict[str, Any] = {
     "model.servedName": "ranker",
     "scoring.promptTemplate": "qwen3-reranker",
     "scoring.labelTokens": [" yes", " no"],
+    "scoring.quantizationCertificate.minSpearman": 0.995,
+    "scoring.quantizationCertificate.maxScoreDelta": 0.05,
+    "scoring.quantizationCertificate.minTop10": 0.9,
+    "scoring.decisions.template": "{input} Question: {question} Answer:",
     "model.tokenSecretRef.name": "hf-token",
     "model.tokenSecretRef.key": "hf",
     "resources.gpu.resourceName": "amd.com/gpu",
@@ -100,6 +104,8 @@ PREREQUISITES: dict[str, dict[str, Any]] = {
     "autoscaling.prometheusQuery": _KEDA,
     "pod.volumeMounts": {"pod.volumes": SAMPLES["pod.volumes"]},
     "auth.apiKeySecretRef.key": {"auth.apiKeySecretRef.name": "scorer-keys"},
+    **{f"scoring.quantizationCertificate.{name}": {"scoring.quantization": "int8"}
+       for name in ("minSpearman", "maxScoreDelta", "minTop10")},
 }
 # Set together with the field itself (only in the changed render): values that field cannot go without.
 COMPANIONS: dict[str, dict[str, Any]] = {
@@ -250,6 +256,8 @@ def walk(node: dict[str, Any], path: str, required: bool = False) -> list[tuple[
 def _type(node: dict[str, Any]) -> str:
     if node.get("x-kubernetes-int-or-string"):
         return "int or string"
+    if "type" not in node and "pattern" in node and "minimum" in node:
+        return "string or number"  # a quantity, quoted or not
     kind = node.get("type", "any")
     if kind == "array":
         return f"array of {node.get('items', {}).get('type', 'any')}"
@@ -267,7 +275,8 @@ def _constraints(node: dict[str, Any], required: bool) -> str:
     for key, label in (("minimum", "≥"), ("maximum", "≤"), ("minLength", "length ≥"), ("maxLength", "length ≤"),
                        ("minItems", "items ≥"), ("maxItems", "items ≤"), ("maxProperties", "keys ≤")):
         if key in node:
-            parts.append(f"{label} {node[key]}")
+            exclusive = node.get(f"exclusive{key.capitalize()}") is True  # OpenAPI 3.0: a flag on the bound
+            parts.append(f"{ {'≥': '>', '≤': '<'}[label] if exclusive else label} {node[key]}")
     items = node.get("items", {})
     if node.get("type") == "array" and ("minimum" in items or "maximum" in items):
         parts.append(f"each {items.get('minimum', '…')}–{items.get('maximum', '…')}")
@@ -291,6 +300,8 @@ def cel_rows() -> list[list[str]]:
     schema = load_schema()
     rows = [["the whole object", code(rule["rule"]), cell(rule["message"])]
             for rule in schema.get("x-kubernetes-validations", [])]
+    rows += [[code("spec"), code(rule["rule"]), cell(rule["message"])]
+             for rule in schema["properties"]["spec"].get("x-kubernetes-validations", [])]
     for path, node, _ in walk(schema["properties"]["spec"], ""):
         for rule in node.get("x-kubernetes-validations", []):
             rows.append([code(path), code(rule["rule"]), cell(rule["message"])])

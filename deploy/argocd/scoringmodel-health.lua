@@ -2,7 +2,8 @@
 -- resource.customizations.health.scorekeeper.dev_ScoringModel). Lua 5.1, as Argo CD runs it.
 -- Healthy: Ready (the guaranteed replicas serve the current spec; an HPA scale-up or one pod restarting does not
 -- change that). Degraded: the spec cannot be served (ConfigValid=False) or a pod fails (Degraded=True).
--- Progressing: anything else, including a spec change the operator has not acted on yet.
+-- Progressing: anything else, including a spec change the operator has not acted on yet and a rollout (Ready follows
+-- Available, so it stays True while the old pods serve; like a Deployment's, a rollout is Progressing until done).
 local hs = {status = "Progressing", message = "waiting for the operator to report status"}
 if obj.status == nil or obj.status.conditions == nil then
   return hs
@@ -25,6 +26,11 @@ local degraded = conditions["Degraded"]
 if degraded ~= nil and degraded.status == "True" then
   hs.status = "Degraded"
   hs.message = degraded.reason .. ": " .. (degraded.message or "")
+  return hs
+end
+local progressing = conditions["Progressing"]
+if progressing ~= nil and progressing.status == "True" and progressing.reason == "RollingOut" then
+  hs.message = progressing.reason .. ": " .. (progressing.message or "")
   return hs
 end
 local ready = conditions["Ready"]

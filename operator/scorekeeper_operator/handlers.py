@@ -6,6 +6,10 @@ re-checks of conflicts, deadlines, resync) run in the reconciler's own per-model
 
 Footprint: the children and pods are watched with a server-side label selector (managed-by), and kopf lists in
 pages, so the API server never sends the operator the rest of the cluster, and kopf never remembers it.
+
+What the watches deliver goes into the reconciler's cache (cache.py) through kopf *index* handlers: kopf holds every
+other handler, the `resume` passes included, until each indexed kind has been listed once, so a pass never reads a
+cache that is still filling. The index handlers store nothing in kopf's own indices (they return None).
 """
 
 from __future__ import annotations
@@ -79,17 +83,15 @@ def probe(memo: kopf.Memo, **_: Any) -> str:
 @kopf.on.resume(*SCORING_MODEL)
 @kopf.on.create(*SCORING_MODEL)
 @kopf.on.update(*SCORING_MODEL, field="spec")
-async def reconcile_model(name: str, namespace: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def reconcile_model(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+    """A pass that reads everything fresh. Its outcome is the reconciler's business: a configuration error is in
+    status (ConfigValid=False) with a Warning Event, and every retry or re-check runs in the reconciler's worker (one
+    retry loop, not kopf's too), so this handler always succeeds."""
     reconciler: Reconciler = memo.reconciler
     try:
-        error = await reconciler.reconcile(namespace, name)
-    except Exception:  # already logged; the reconciler's worker retries with backoff (not kopf: one retry loop)
+        await reconciler.reconcile(namespace, name)
+    except Exception:  # already logged; the reconciler's worker retries with backoff
         return
-    if error is not None:
-        # Already in status as ConfigValid=False. A Warning event makes `kubectl describe` show it too;
-        # PermanentError tells kopf not to retry (conflicts and rejections are re-checked by the reconciler).
-        kopf.warn(body, reason=error.reason, message=error.message)
-        raise kopf.PermanentError(f"{error.reason}: {error.message}")
 
 
 @kopf.on.event(*SCORING_MODEL)
@@ -100,11 +102,20 @@ async def on_model_event(event: kopf.RawEvent, name: str, namespace: str, memo: 
         memo.reconciler.trigger(namespace, name)
 
 
-async def on_child_event(namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
+async def cache_child(body: kopf.Body, resource: kopf.Resource, memo: kopf.Memo, **_: Any) -> None:
+    """Every listed, added or modified child and worker pod, into the reconciler's cache (before any handler)."""
+    memo.reconciler.observe(resource.plural, None, {key: body[key] for key in body})
+
+
+async def on_child_event(event: kopf.RawEvent, resource: kopf.Resource, namespace: str | None, labels: kopf.Labels,
+                         memo: kopf.Memo, **_: Any) -> None:
+    if event.get("type") == "DELETED":  # index handlers do not see deletions
+        memo.reconciler.observe(resource.plural, "DELETED", event["object"])
     owner = labels.get(INSTANCE_LABEL)
     if namespace and owner:
         memo.reconciler.trigger(namespace, owner)
 
 
 for _group, _version, _plural in WATCHED_CHILDREN:
+    kopf.index(_group, _version, _plural, id=f"cache-{_plural}")(cache_child)
     kopf.on.event(_group, _version, _plural, id=f"child-{_plural}")(on_child_event)

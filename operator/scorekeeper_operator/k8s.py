@@ -1,8 +1,10 @@
 """The only module that talks to the Kubernetes API (the `kubernetes` client's transport, raw REST paths).
 
 Writes are server-side apply under one field manager, so fields other managers own (the HPA's replicas,
-`kubectl rollout restart`'s annotation) are left alone. Errors come out as TransientApiError (retry with backoff)
-or RejectedError (the API refuses this object: retrying the same spec cannot help).
+`kubectl rollout restart`'s annotation) are left alone. Errors come out as TransientApiError (retry with backoff),
+ForbiddenError (a 403: a ResourceQuota, a policy or admission webhook such as Gatekeeper's or KEDA's, or RBAC refused
+the request; retried too, and reported in status when a write meets it) or RejectedError (the API refuses this object:
+retrying the same spec cannot help).
 """
 
 from __future__ import annotations
@@ -76,7 +78,12 @@ class ApiError(Exception):
 
 
 class TransientApiError(ApiError):
-    """Timeouts, 5xx, 429, 409, missing RBAC (403): worth retrying with backoff."""
+    """Timeouts, 5xx, 429, 409, 403: worth retrying with backoff."""
+
+
+class ForbiddenError(TransientApiError):
+    """403: a quota, a policy, an admission webhook or RBAC refused the request. It may heal without a spec edit (the
+    quota is raised, the policy or the webhook's reason goes away), so it is retried; on a write it is also reported."""
 
 
 class RejectedError(ApiError):
@@ -89,8 +96,8 @@ def _error(status: int, data: bytes) -> ApiError:
     except ValueError:
         body = {}
     reason, message = body.get("reason") or str(status), body.get("message") or data.decode(errors="replace")[:500]
-    rejected = status in (400, 404, 422)
-    return (RejectedError if rejected else TransientApiError)(status, reason, message)
+    kind = RejectedError if status in (400, 404, 422) else ForbiddenError if status == 403 else TransientApiError
+    return kind(status, reason, message)
 
 
 class KubeApi:
@@ -158,6 +165,10 @@ class KubeApi:
         # JSON is YAML, and the client serializes dict bodies as JSON for the apply-patch content type.
         result: dict[str, Any] = await self._call("PATCH", ref.path(meta["namespace"], meta["name"]), query=query,
                                                   body=manifest, content_type="application/apply-patch+yaml")
+        return result
+
+    async def create(self, ref: ResourceRef, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = await self._call("POST", ref.path(namespace), body=body)
         return result
 
     async def delete(self, ref: ResourceRef, namespace: str, name: str, uid: str) -> None:

@@ -15,23 +15,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from scorekeeper_operator import metrics
+from scorekeeper_operator.cache import WatchCache
+from scorekeeper_operator.children import REFUSALS, Children, Converged
 from scorekeeper_operator.hub import HubUnavailable, Unresolvable, resolve_revision
-from scorekeeper_operator.image_rollout import RECHECK_SECONDS, ImageRollout
-from scorekeeper_operator.k8s import (
-    CHILD_KINDS,
-    DISCOVERY_TTL_SECONDS,
-    EVENTS,
-    FIELD_MANAGER,
-    HANDOVER_FIELD_MANAGER,
-    PODS,
-    SCORING_MODELS,
-    KubeApi,
-    RejectedError,
-)
-from scorekeeper_operator.render.drift import applies_field, contains, owned_by
+from scorekeeper_operator.k8s import CHILD_KINDS, DISCOVERY_TTL_SECONDS, EVENTS, SCORING_MODELS, KubeApi, RejectedError
+from scorekeeper_operator.pacing import Pacer, template_hash
 from scorekeeper_operator.render.manifests import (
-    MANAGED_SELECTOR,
-    OPTIONAL_KINDS,
+    API_VERSION,
+    KIND,
+    MANAGED_BY,
     Rendered,
     autoscaler_name,
     desired_replicas,
@@ -46,11 +38,10 @@ from scorekeeper_operator.status.compute import Assessment, ConfigError, Desired
 from scorekeeper_operator.status.pods import needs_events
 
 logger = logging.getLogger(__name__)
-# Conflicts and rejections can heal without a spec edit (the foreign object is deleted, a quota raised): look again.
-HEALABLE = frozenset({"ChildConflict", "Rejected"})
+# What can heal without a spec edit (the foreign object is deleted, a quota raised, a policy changed, the Hub answers
+# again): looked at again with backoff.
+HEALABLE = frozenset({"ChildConflict", "HubUnavailable", *REFUSALS})
 KEDA_UNAVAILABLE = "KedaUnavailable"  # healed by installing KEDA: looked at again once discovery may have changed
-# Children whose API exists only once an add-on (Prometheus Operator, KEDA) is installed.
-CUSTOM_KINDS = ("ServiceMonitor", "ScaledObject")
 EVENT_PODS_PER_PASS = 5  # Events are read per pod (by uid), for at most this many pods that are not ready
 
 
@@ -76,36 +67,67 @@ def _scaling_and_startup(model: ScoringModel) -> dict[str, Any]:
             "startup_seconds": model.spec.rollout.max_startup_seconds}
 
 
+def running(deployment: dict[str, Any], rendered: Rendered) -> Rendered:
+    """What a model waiting for a rollout slot runs: its live Deployment's configuration, for the status."""
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return Rendered(manifests=[], config_hash=template_hash(deployment) or "", worker_args=container.get("args", []),
+                    worker_image=container.get("image", rendered.worker_image))
+
+
 class Reconciler:
     def __init__(self, api: KubeApi, settings: OperatorSettings, clock: Callable[[], datetime] = utc_now) -> None:
         self.api, self.settings, self._clock = api, settings, clock
         self.scheduler: Scheduler[ConfigError | None] = Scheduler(self._pass, settings.retry_delay)
-        self.image_rollout = ImageRollout(api, settings)
+        self.cache = WatchCache()
+        self.pacer = Pacer(settings.max_concurrent_upgrades, self.cache)
+        self._fresh_until: dict[Key, float] = {}  # until when a model's passes may read the cache
+        self._fresh_wanted: set[Key] = set()
 
     async def reconcile(self, namespace: str, name: str) -> ConfigError | None:
-        """A pass now (for the kopf handlers). Returns the configuration error written to status, if any."""
+        """A pass now, reading everything fresh (for the kopf handlers: create, a spec change, resume). Returns the
+        configuration error written to status, if any."""
+        self._fresh_wanted.add((namespace, name))
         return await self.scheduler.run_soon((namespace, name))
 
     def trigger(self, namespace: str, name: str) -> None:
         """A pass soon (for watch events on children), coalesced with any already due."""
         self.scheduler.trigger((namespace, name))
 
+    def observe(self, plural: str, event_type: str | None, obj: dict[str, Any]) -> None:
+        """A watch event on a child or a worker pod (handlers.py): keep the cache current. A Deployment's event may
+        free a rollout slot (its rollout completed, or its model is gone): the next waiting model goes."""
+        if event_type == "DELETED":
+            self.cache.delete(plural, obj)
+        else:
+            self.cache.put(plural, obj)
+        if plural == CHILD_KINDS["Deployment"].plural:
+            self._release_waiting()
+
     async def close(self) -> None:
         await self.scheduler.close()
         self.api.close()
+
+    def _fresh(self, key: Key) -> bool:
+        """Read from the API rather than the cache: on a spec change, after an error, and every resync period."""
+        fresh = key in self._fresh_wanted or time.monotonic() >= self._fresh_until.pop(key, 0.0)
+        self._fresh_wanted.discard(key)
+        return fresh
 
     @metrics.instrumented
     async def _pass(self, key: Key) -> ConfigError | None:
         report = PassReport(key)
         namespace, name = key
+        fresh = self._fresh(key)
         body = await self.api.get(SCORING_MODELS, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             report.gone = True  # gone or going: ownerReferences let the garbage collector remove the children
             self.scheduler.retire(key)
-            self.image_rollout.waiting.discard(key)
-            metrics.UPGRADES_WAITING.set(len(self.image_rollout.waiting))
+            self.pacer.forget(key)
+            self.cache.forget_instance(namespace, name)
+            self._release_waiting()
             logger.debug("pass %s/%s: the ScoringModel is gone", *key, extra={"pass_report": report})
             return None
+        children = Children(self.api, self.cache, self.pacer, namespace, name, fresh)
         model, error = self._parse(body)
         if model is not None:
             model, error = await self._pin_revision(model, report)
@@ -113,28 +135,36 @@ class Reconciler:
         if model is not None:
             keda_api, error = await self._keda_api(model)
         rendered: Rendered | None = None
-        pending: str | None = None
+        converged = Converged(error)
         if model is not None and error is None:
             monitor_api = model.spec.monitoring.service_monitor \
                 and await self.api.serves(CHILD_KINDS["ServiceMonitor"])
-            async with self.image_rollout.decide(model) as image:
-                rendered = render(model, self.settings, service_monitor_api=monitor_api, keda_api=keda_api,
-                                  worker_image=image.image)
-                error = await self._converge(model, rendered, report)
-            pending = image.pending
+            rendered = render(model, self.settings, service_monitor_api=monitor_api, keda_api=keda_api)
+            converged = await children.converge(model, rendered, report.wrote)
+            error = converged.error
+        pending: dict[str, str | None] = {}
+        shown = rendered
+        if rendered is not None and converged.held is not None:  # waiting: the status shows what runs
+            shown = running(converged.held, rendered)
+            pending = {"pending_config_hash": rendered.config_hash,
+                       "pending_image": rendered.worker_image if rendered.worker_image != shown.worker_image
+                       else None}
         desired = Desired(
             generation=int(body["metadata"].get("generation") or 0), selector=selector_string(name),
-            endpoint=endpoint(name, namespace), rendered=rendered if error is None else None, config_error=error,
+            endpoint=endpoint(name, namespace), rendered=shown if error is None else None, config_error=error,
             fixed_replicas=desired_replicas(model) if model is not None else None,
             model_source=model.model_status() if model is not None else (body.get("status") or {}).get("model"),
-            pending_image=pending, **(_scaling_and_startup(model) if model is not None else {}))
-        observed = await self._observe(key, autoscaler_name(model) if model is not None else None)
+            **pending, **(_scaling_and_startup(model) if model is not None else {}))  # type: ignore[arg-type]
+        observed = await self._observe(children, autoscaler_name(model) if model is not None else None)
         assessment = compute_status(desired, observed, body.get("status") or {}, self._clock())
         if await self._write_status(body, assessment.status):
             report.wrote.append("status")
+            if error is not None and await self._announce(body, error):
+                report.wrote.append("event")
         report.error = error.reason if error is not None else None
-        self._schedule_next(key, error, assessment, pending, report)
-        self._release_waiting(key, observed.deployment)
+        self._schedule_next(key, error, assessment, report)
+        self._fresh_until[key] = time.monotonic() + self.settings.resync_seconds
+        self._release_waiting()
         logger.debug("pass %s/%s: wrote %s; next pass in %.1fs", *key, ", ".join(report.wrote) or "nothing",
                      report.next_pass_in, extra={"pass_report": report})
         return error
@@ -157,7 +187,7 @@ class Reconciler:
                             report: PassReport) -> tuple[ScoringModel | None, ConfigError | None]:
         """hf:// without a commit yet: ask the Hub once. The commit goes to status.model before anything is applied,
         so no later pass (another replica count, an operator restart) can ever ask again and get another one.
-        A Hub that does not answer raises HubUnavailable: the scheduler retries the pass with backoff."""
+        A Hub that does not answer is a condition too (HubUnavailable), looked at again with backoff."""
         source = model.spec.model
         if source.scheme != "hf" or model.hf_commit is not None:
             return model, None
@@ -166,9 +196,10 @@ class Reconciler:
         except Unresolvable as refused:
             metrics.HUB_RESOLUTIONS.labels("refused").inc()
             return None, ConfigError(refused.reason, refused.message)
-        except HubUnavailable:
+        except HubUnavailable as error:
             metrics.HUB_RESOLUTIONS.labels("unavailable").inc()
-            raise
+            return None, ConfigError("HubUnavailable", f"{error.message}; nothing is applied until the Hub answers"
+                                     " (retried with backoff)")
         metrics.HUB_RESOLUTIONS.labels("resolved").inc()
         logger.info("%s/%s: %s@%s is commit %s", model.namespace, model.name, source.hf_repo,
                     source.revision or "default branch", commit)
@@ -187,54 +218,22 @@ class Reconciler:
         return False, ConfigError(KEDA_UNAVAILABLE, "autoscaling.provider is KEDA, but keda.sh/v1alpha1 ScaledObjects"
                                   " are not served; install KEDA (checked again every minute)")
 
-    async def _converge(self, model: ScoringModel, rendered: Rendered, report: PassReport) -> ConfigError | None:
-        """Apply what is missing or drifted, delete optional children no longer wanted, leave foreign objects be."""
-        live = {m["kind"]: await self.api.get(CHILD_KINDS[m["kind"]], model.namespace, model.name)
-                for m in rendered.manifests}
-        for kind, obj in live.items():
-            if obj is not None and not owned_by(obj, model.uid):
-                return ConfigError("ChildConflict", f"{kind} {model.namespace}/{model.name} exists and is not owned by"
-                                   " this ScoringModel; rename the ScoringModel or remove that object (the operator"
-                                   " looks again, with backoff)")
-        for manifest in rendered.manifests:
-            kind, current = manifest["kind"], live[manifest["kind"]]
-            handover = current is not None and kind == "Deployment" \
-                and "replicas" not in manifest["spec"] and applies_field(current, FIELD_MANAGER, ("spec", "replicas"))
-            try:
-                if handover:
-                    await self._hand_over_replicas(current)  # then apply, to give up our ownership of replicas now
-                if current is None or handover or not contains(current, manifest):
-                    await self.api.apply(manifest)
-                    report.wrote.append(f"apply {kind}")
-            except RejectedError as error:
-                return ConfigError("Rejected", f"the API rejected {kind} {model.name}: {error.message}")
-        wanted = {m["kind"] for m in rendered.manifests}
-        for kind in OPTIONAL_KINDS:
-            if kind in wanted or (kind in CUSTOM_KINDS and not await self.api.serves(CHILD_KINDS[kind])):
-                continue
-            stale = await self.api.get(CHILD_KINDS[kind], model.namespace, model.name)
-            if stale is not None and owned_by(stale, model.uid):
-                await self.api.delete(CHILD_KINDS[kind], model.namespace, model.name, stale["metadata"]["uid"])
-                report.wrote.append(f"delete {kind}")
-        return None
-
-    async def _observe(self, key: Key, autoscaler: str | None) -> Observed:
-        """`autoscaler`: the name of the HPA that sets the replica count (ours, or KEDA's); None: no autoscaling."""
-        namespace, name = key
-        deployment = await self.api.get(CHILD_KINDS["Deployment"], namespace, name)
-        pods = await self.api.list(PODS, namespace, label_selector=f"{selector_string(name)},{MANAGED_SELECTOR}")
+    async def _observe(self, children: Children, autoscaler: str | None) -> Observed:
+        """`autoscaler`: the name of the HPA that sets the replica count (ours, or KEDA's); None: no autoscaling.
+        The Deployment, the pods and the HPA come from the cache; only the Events of pods on their way are listed."""
+        deployment = await children.get("Deployment")
+        pods = await children.pods()
         events: dict[str, list[dict[str, Any]]] = {}
         for pod in [p for p in pods if needs_events(p)][:EVENT_PODS_PER_PASS]:
             about = f"involvedObject.uid={pod['metadata']['uid']}"
-            events[pod["metadata"]["name"]] = await self.api.list(EVENTS, namespace, field_selector=about)
-        hpa = None if autoscaler is None \
-            else await self.api.get(CHILD_KINDS["HorizontalPodAutoscaler"], namespace, autoscaler)
+            events[pod["metadata"]["name"]] = await self.api.list(EVENTS, children.namespace, field_selector=about)
+        hpa = None if autoscaler is None else await children.get("HorizontalPodAutoscaler", autoscaler)
         return Observed(deployment, pods, events, hpa)
 
-    def _schedule_next(self, key: Key, error: ConfigError | None, assessment: Assessment, pending: str | None,
-                       report: PassReport) -> None:
+    def _schedule_next(self, key: Key, error: ConfigError | None, assessment: Assessment, report: PassReport) -> None:
         """The next timed pass: the earliest of the resync, a re-check of what heals without an event (a conflict,
-        a rejection, KEDA getting installed, an upgrade slot freed by a deleted model), a deadline, Event polling."""
+        a refusal, the Hub answering again, KEDA getting installed), a deadline, Event polling. A model waiting for a
+        rollout slot needs none: a Deployment event frees the slot (_release_waiting)."""
         delays = [self.settings.resync_seconds]
         if error is not None and error.reason in HEALABLE:
             delays.append(self.scheduler.backoff(key, "blocked"))
@@ -242,8 +241,6 @@ class Reconciler:
             self.scheduler.settle(key, "blocked")
         if error is not None and error.reason == KEDA_UNAVAILABLE:
             delays.append(DISCOVERY_TTL_SECONDS)  # the API discovery cache's lifetime: no sooner can KEDA show up
-        if pending is not None:
-            delays.append(RECHECK_SECONDS)
         if assessment.recheck_in is not None:
             delays.append(assessment.recheck_in + 1.0)  # just past the deadline
         if assessment.waiting:
@@ -251,19 +248,11 @@ class Reconciler:
         report.next_pass_in = min(delays)
         self.scheduler.after(key, report.next_pass_in)
 
-    def _release_waiting(self, key: Key, deployment: dict[str, Any] | None) -> None:
-        """A model that finished rolling out the new default image frees its slot: the waiting models go now."""
-        if self.image_rollout.frees_a_slot(deployment):
-            for waiting in sorted(self.image_rollout.waiting - {key}):
-                self.scheduler.trigger(waiting)
-        metrics.UPGRADES_WAITING.set(len(self.image_rollout.waiting))
-
-    async def _hand_over_replicas(self, deployment: dict[str, Any]) -> None:
-        """Autoscaling was just switched on: keep the live replica count until the HPA takes it over."""
-        meta = deployment["metadata"]
-        await self.api.apply({"apiVersion": "apps/v1", "kind": "Deployment",
-                              "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-                              "spec": {"replicas": deployment["spec"].get("replicas", 1)}}, HANDOVER_FIELD_MANAGER)
+    def _release_waiting(self) -> None:
+        """Free rollout slots go to the models that have waited longest: one pass each, not one per waiting model."""
+        for key in self.pacer.next_up() if self.pacer.waiting else ():
+            self.scheduler.trigger(key)
+        metrics.UPGRADES_WAITING.set(len(self.pacer.waiting))
 
     async def _write_status(self, body: dict[str, Any], status: dict[str, Any]) -> bool:
         previous = body.get("status") or {}
@@ -276,5 +265,30 @@ class Reconciler:
         except RejectedError as error:
             if error.status != 404:
                 raise  # 404: deleted since we read it; nothing left to report on
+            return False
+        return True
+
+    async def _announce(self, body: dict[str, Any], error: ConfigError) -> bool:
+        """A Warning Event when a configuration error appears or changes (`kubectl describe` and event exporters show
+        it), posted by the pass that wrote it to status: every path, kopf handler or retry, says so at once."""
+        before = next((c for c in (body.get("status") or {}).get("conditions") or []
+                       if c.get("type") == "ConfigValid"), {})
+        if (before.get("status"), before.get("reason"), before.get("message")) == ("False", error.reason,
+                                                                                  error.message):
+            return False
+        meta, now = body["metadata"], self._clock().strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {"apiVersion": "v1", "kind": "Event",
+                 "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+                 "involvedObject": {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"],
+                                    "namespace": meta["namespace"], "uid": meta.get("uid"),
+                                    "resourceVersion": meta.get("resourceVersion")},
+                 "type": "Warning", "reason": error.reason, "message": error.message[:1024],
+                 "source": {"component": MANAGED_BY}, "reportingComponent": MANAGED_BY,
+                 "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+        try:
+            await self.api.create(EVENTS, meta["namespace"], event)
+        except Exception as failure:  # the condition is written; an Event we cannot post is not worth a retry
+            logger.warning("could not post the %s Event of %s/%s: %s", error.reason, meta["namespace"], meta["name"],
+                           failure)
             return False
         return True

@@ -31,10 +31,10 @@ Grant = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 DOCUMENTED_EXTRAS: dict[Grant, str] = {
     ("", "events", "create"): "kopf posts a Warning Event when a handler fails (settings.posting.level=WARNING); "
                               "the scenario provokes one, but a run where it does not must not fail on it",
-    ("scorekeeper.dev", "scoringmodels/finalizers", "update"):
-        "the admission plugin OwnerReferencesPermissionEnforcement checks it for children with blockOwnerDeletion; "
-        "the API server, not the operator, makes this check, so the namespaced run's request log never shows it",
 }
+# Not a request of its own: the admission plugin OwnerReferencesPermissionEnforcement (OpenShift, hardened clusters)
+# checks `update` on the owner's finalizers for every write that sets an ownerReference with blockOwnerDeletion.
+FINALIZERS = ("scorekeeper.dev", "scoringmodels/finalizers")
 
 
 class Call(NamedTuple):
@@ -157,7 +157,23 @@ async def _record_namespaced() -> list[Call]:
             calls.append(Call(request.resource.group or "", resource_name(request.resource.plural,
                                                                           request.subresource or ""),
                               verbs, request.namespace))
+            if blocks_owner_deletion(request.data):
+                calls.append(Call(*FINALIZERS, frozenset({"update"}), request.namespace))
         return calls
+
+
+def blocks_owner_deletion(body: Any) -> bool:
+    refs = ((body or {}).get("metadata") or {}).get("ownerReferences") or [] if isinstance(body, dict) else []
+    return any(ref.get("blockOwnerDeletion") for ref in refs)
+
+
+def test_the_finalizers_permission_follows_from_what_the_operator_writes(namespaced_calls: list[Call],
+                                                                         namespaced_install: Rendered) -> None:
+    """Derived from the bodies the operator sent, not granted on faith: its children carry blockOwnerDeletion, so
+    the Role must allow `update` on scoringmodels/finalizers (without it, creates fail where the plugin is on)."""
+    assert any(c.resource == FINALIZERS[1] and c.namespace == NAMESPACE for c in namespaced_calls)
+    (role,) = [r for r in namespaced_install.of_kind("Role") if r["metadata"]["namespace"] == NAMESPACE]
+    assert (*FINALIZERS, "update") in grants(role["rules"])
 
 
 @pytest.fixture(scope="module")

@@ -66,8 +66,32 @@ def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
     return value
 
 
+def _as_json_schema(schema: Any) -> Any:
+    """The schema as the API server applies it, in draft 7: `x-kubernetes-int-or-string` admits an integer or a string,
+    nothing else (jsonschema would ignore the extension and admit anything, `cpu: 1.5` included, which the API
+    refuses); OpenAPI 3.0's boolean `exclusiveMinimum` becomes draft 7's number."""
+    if isinstance(schema, list):
+        return [_as_json_schema(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    converted = {key: _as_json_schema(value) for key, value in schema.items()}
+    if schema.get("x-kubernetes-int-or-string") and "type" not in schema:
+        converted["type"] = ["integer", "string"]
+    for bound, limit in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(schema.get(bound), bool):  # OpenAPI 3.0's flag on the limit; draft 7 wants the number
+            converted.pop(bound)
+            if schema[bound]:
+                converted[bound] = converted.pop(limit)
+    return converted
+
+
+@functools.cache
+def _validator() -> jsonschema.Draft7Validator:
+    return jsonschema.Draft7Validator(_as_json_schema(version_schema()))
+
+
 def schema_errors(obj: dict[str, Any]) -> list[str]:
-    validator = jsonschema.Draft7Validator(version_schema())
+    validator = _validator()
     return [f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}"
             for e in sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))]
 

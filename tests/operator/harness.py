@@ -176,6 +176,7 @@ async def running_cluster(*, service_monitor_api: bool = True, keda_api: bool = 
         emulator.resources["keda.sh/v1alpha1/scaledobjects"] = kmock.ResourceInfo(
             kind="ScaledObject", singular="scaledobject", namespaced=True,
             verbs=["get", "list", "watch", "create", "update", "patch", "delete"])
+        emulator.admission["scaledobjects"] = emulator.keda_webhook
     emulator.admission["scoringmodels"] = crd_tools.admit
     for plural in ("deployments", "pods", "horizontalpodautoscalers"):  # stored canonically, as the API server does
         emulator.admission[plural] = canonical_resources

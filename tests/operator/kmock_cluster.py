@@ -66,6 +66,20 @@ class ClusterEmulator(RealisticEmulator):
             self._objects[res, namespace, meta["name"]] = obj
             await self._emit(res, "ADDED", obj)
 
+    def keda_webhook(self, obj: dict[str, Any], _old: dict[str, Any] | None = None) -> dict[str, Any]:
+        """KEDA's validating webhook for ScaledObjects (vscaledobject.kb.io, verifyHpas): a workload another HPA
+        already scales cannot get a ScaledObject; the webhook answers 403 (an admission denial)."""
+        namespace, target = obj["metadata"].get("namespace"), obj["spec"]["scaleTargetRef"]["name"]
+        own = obj["spec"].get("advanced", {}).get("horizontalPodAutoscalerConfig", {}).get(
+            "name", f"keda-hpa-{obj['metadata']['name']}")
+        for (res, ns, name), stored in self._objects.items():
+            if res.plural == "horizontalpodautoscalers" and ns == namespace and not stored.deleted and name != own \
+                    and stored.raw["spec"]["scaleTargetRef"]["name"] == target:
+                raise KubernetesError(status=403, reason="Forbidden", message=(
+                    'admission webhook "vscaledobject.kb.io" denied the request: the workload'
+                    f" '{target}' of type 'apps/v1.Deployment' is already managed by the hpa '{name}'"))
+        return obj
+
     async def drop_watches(self) -> None:
         """End every open watch stream; clients must re-list and watch again (kopf does)."""
         for bus in list(self._buses.values()):

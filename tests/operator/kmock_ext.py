@@ -34,7 +34,8 @@ from kmock_semantics import (
 )
 
 HARNESS_HEADER = "X-Test-Harness"  # requests made by the tests themselves, not by the operator
-# (new object, old object or None on create) → the (defaulted, canonicalized) object, or raises ValueError
+# (new object, old object or None on create) → the (defaulted, canonicalized) object, or raises ValueError (422, as
+# the API's own validation) or KubernetesError (as an admission webhook answers)
 Admission = Callable[[dict[str, Any], dict[str, Any] | None], dict[str, Any]]
 
 
@@ -46,9 +47,11 @@ class RealisticEmulator(KubernetesEmulator):
     _applied: dict[tuple[Any, ...], dict[str, Any]] = attrs.field(factory=dict)  # (key, manager) → last applied
     _revision: int = 0
 
-    def fail(self, method: str, plural: str, status: int = 500, times: int = 1) -> None:
-        """The next `times` requests with this method on this resource get HTTP `status`."""
-        self._failures.append([method.upper(), plural, status, times])
+    def fail(self, method: str, plural: str, status: int = 500, times: int = 1, *, reason: str = "InjectedFailure",
+             message: str = "injected by the test") -> None:
+        """The next `times` requests with this method on this resource get HTTP `status` (and a Status body with
+        this reason and message, as the API server, a quota or a webhook words it)."""
+        self._failures.append([method.upper(), plural, status, times, reason, message])
 
     def heal(self) -> None:
         self._failures.clear()
@@ -62,7 +65,7 @@ class RealisticEmulator(KubernetesEmulator):
         for failure in self._failures:
             if failure[0] == request.method.value and failure[1] == res.plural and failure[3] > 0:
                 failure[3] -= 1
-                raise KubernetesError(status=failure[2], reason="InjectedFailure", message="injected by the test")
+                raise KubernetesError(status=failure[2], reason=failure[4], message=failure[5])
         handler = {action.LIST: self._list, action.CREATE: self._create, action.UPDATE: self._update,
                    action.DELETE: self._delete}.get(request.action)  # type: ignore[arg-type]
         if handler is None or (request.action is action.DELETE and request.name is None):
@@ -137,7 +140,8 @@ class RealisticEmulator(KubernetesEmulator):
 
     def _record_implied(self, request: rendering.Request, meta: dict[str, Any]) -> None:
         """Setting blockOwnerDeletion needs `update` on the owner's finalizers subresource wherever the
-        OwnerReferencesPermissionEnforcement admission plugin is on (OpenShift, hardened clusters): record it."""
+        OwnerReferencesPermissionEnforcement admission plugin is on (OpenShift, hardened clusters): record it, for
+        creates and for the updates that send the reference (an apply does, every time)."""
         if request.headers.get(HARNESS_HEADER) is not None:
             return
         for ref in meta.get("ownerReferences") or []:
@@ -182,6 +186,7 @@ class RealisticEmulator(KubernetesEmulator):
         else:
             new = merge_patch(old, patch)
         if "apply-patch" in content_type:
+            self._record_implied(request, patch.get("metadata") or {})
             manager = request.params.get("fieldManager", "")
             others = [cfg for (k, m), cfg in self._applied.items() if k == key and m != manager]
             drop_unapplied(new, previous=self._applied.get((key, manager), {}), applied=patch, co_owned=others)

@@ -3,7 +3,9 @@ worker's real argument parser and config loader, and mean what the spec says."""
 
 from __future__ import annotations
 
+import math
 import re
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from scorekeeper_worker.model.prompt_template import BUILTIN, load_template
 # A template given as text, with what a YAML round trip or a file write could lose: braces, quotes, a tab, non-ASCII
 # text and the trailing blank line the prompt ends with.
 CUSTOM_TEMPLATE = '<|im_start|>user\n{instruct}\tQuery: "{query}" — {other}\nDocument: {item}<|im_end|>\n\n'
+DECISION_TEMPLATE = "Context: {input}\n\tQuestion — «{question}»\nAnswer:\n\n"
 SPECS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "gpu-mis-graphs": {
@@ -40,6 +43,10 @@ SPECS: dict[str, dict[str, Any]] = {
     "api-keys": {"auth": {"apiKeySecretRef": {"name": "scorer-keys", "key": "keys"}}},
     "qwen3-reranker": {"scoring": {"promptTemplate": "qwen3-reranker", "multiItem": {"enabled": True}}},
     "own-template-and-labels": {"scoring": {"promptTemplate": CUSTOM_TEMPLATE, "labelTokens": [" Yes", " No"]}},
+    "cpu-int8-decisions": {"resources": {"cpu": 3.5, "memory": "4Gi"}, "scoring": {
+        "quantization": "int8", "quantizationCertificate": {"minSpearman": 0.995, "maxScoreDelta": 0.05},
+        "decisions": {"template": DECISION_TEMPLATE}}},
+    "int8-default-certificate": {"resources": {"cpu": "500m"}, "scoring": {"quantization": "int8"}},
 }
 
 
@@ -110,6 +117,48 @@ def test_rendered_args_parse_to_the_intended_config(name: str, tmp_path: Path) -
     assert config.prompt_template == rendered_template
     labels = spec.scoring.label_tokens
     assert config.label_tokens == labels
+    assert config.threads == pod_threads(model)
+    assert config.quantization.value == spec.scoring.quantization.value
+    certificate = spec.scoring.quantization_certificate
+    worker_defaults = WorkerConfig.model_fields
+    for name in ("min_spearman", "max_score_delta", "min_top10"):
+        wanted = getattr(certificate, name) if certificate is not None else None
+        default = worker_defaults[f"quantization_{name}"].default
+        assert getattr(config, f"quantization_{name}") == (default if wanted is None else wanted)
+    decisions = spec.scoring.decisions.template
+    assert config.decision_template == (None if decisions is None else Path(worker_contract.DECISION_TEMPLATE_PATH))
+
+
+def pod_threads(model: ScoringModel) -> int | str:
+    """What --threads should be, read off the rendered pod: its CPU limit, else its request, whole CPUs rounded down
+    (at least 1); the worker's `auto` when the pod names neither."""
+    deployment = render(model, OperatorSettings(), service_monitor_api=False).get("Deployment")
+    resources = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]  # type: ignore[index]
+    cpu = resources.get("limits", {}).get("cpu") or resources.get("requests", {}).get("cpu")
+    if cpu is None:
+        return "auto"
+    text = str(cpu)  # CPU quantities in these cases: plain numbers or millicores
+    return max(1, math.floor(Decimal(text[:-1]) / 1000 if text.endswith("m") else Decimal(text)))
+
+
+@pytest.mark.parametrize(("cpu", "threads"), [(None, "auto"), ("500m", 1), (1.5, 1), ("2", 2), ("2500m", 2),
+                                              (16, 16), ("0.999", 1)])
+def test_threads_follow_the_pods_cpus(cpu: Any, threads: int | str, tmp_path: Path) -> None:
+    model, args, config_text = rendered_for({"resources": {} if cpu is None else {"cpu": cpu}})
+    assert pod_threads(model) == threads
+    assert parse_config(with_config_file(args, config_text, tmp_path), environ={}).threads == threads
+    assert ("--threads" in args) is (cpu is not None)  # nothing rendered: the worker's own auto
+
+
+def test_the_decision_template_reaches_the_pod_byte_for_byte(tmp_path: Path) -> None:
+    model, args, _ = rendered_for(SPECS["cpu-int8-decisions"])
+    configmap = render(model, OperatorSettings(), service_monitor_api=False).get("ConfigMap")
+    assert configmap is not None
+    assert configmap["data"][worker_contract.DECISION_TEMPLATE_FILE] == DECISION_TEMPLATE
+    for file, text in configmap["data"].items():
+        (tmp_path / file).write_bytes(text.encode())
+    config = parse_config([a.replace(worker_contract.CONFIG_DIR, str(tmp_path)) for a in args], environ={})
+    assert config.decision_template is not None and config.decision_template.read_text() == DECISION_TEMPLATE
 
 
 @pytest.mark.parametrize("name", ["qwen3-reranker", "own-template-and-labels"])

@@ -137,6 +137,11 @@ BOUNDARIES: list[tuple[str, dict[str, Any], str | None]] = [
     ("template-text", _doc(scoring={"promptTemplate": "Q: {query}\nD: {item}\nA:"}), None),
     ("template-unknown-name", _doc(scoring={"promptTemplate": "qwen9-reranker"}), "a built-in template"),
     ("template-no-query", _doc(scoring={"promptTemplate": "D: {item}"}), "a built-in template"),
+    ("certificate-none", _doc(scoring={"quantizationCertificate": {"minTop10": 0.5}}), "applies only to scoring.quan"),
+    ("certificate-int8", _doc(scoring={"quantization": "int8", "quantizationCertificate": {"minTop10": 0.5}}), None),
+    ("int8-gpu", _doc(scoring={"quantization": "int8"}, resources={"gpu": {"count": 1}}), "int8 runs the model on CPU"),
+    ("int8-cpu", _doc(scoring={"quantization": "int8"}, resources={"cpu": "2"}), None),
+    ("none-gpu", _doc(resources={"gpu": {"count": 1}}), None),
 ]
 
 

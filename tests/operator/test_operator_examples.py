@@ -5,12 +5,15 @@ test_operator_crd.py, test_operator_render.py, test_operator_pod_security.py.)""
 
 from __future__ import annotations
 
+import json
+import shlex
 from pathlib import Path
 from typing import Any
 
 import crd_tools
 import kubernetes_validate
 import pytest
+from pod_security import restricted_violations
 from render_cases import K8S_VERSIONS
 
 EXAMPLES = sorted((crd_tools.ROOT / "examples").glob("*.yaml"))
@@ -61,3 +64,63 @@ def test_the_hello_world_needs_nothing_but_the_chart() -> None:
     assert spec["model"]["uri"].startswith("file:///")  # in the image (tests/test_dockerfile.py checks where)
     assert spec.get("resources", {}).get("gpu", {}).get("count", 0) == 0
     assert not spec.get("autoscaling", {}).get("enabled") and not spec.get("networkPolicy", {}).get("enabled")
+
+
+def _kubectl_run_pod(header: str) -> tuple[str, dict[str, Any]]:
+    """The pod `kubectl run NAME --image=I [--overrides=JSON --override-type=strategic] --restart=Never -- ARGS`
+    creates (kubectl's generator: one container named after the pod; its overrides merged by container name)."""
+    lines = [line.removeprefix("#").removeprefix(" ") for line in header.splitlines()]
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("kubectl") and " run " in line)
+    text = ""
+    for line in lines[start:]:
+        text += line + "\n"
+        try:
+            words = shlex.split(text.replace("\\\n", " "))
+        except ValueError:  # a quote still open
+            continue
+        if not text.rstrip().endswith("\\"):
+            break
+    namespace, name = words[words.index("-n") + 1], words[words.index("run") + 1]
+    options = dict(w.removeprefix("--").split("=", 1) for w in words[:words.index("--")] if "=" in w)
+    container = {"name": name, "image": options["image"], "args": words[words.index("--") + 1:]}
+    pod: dict[str, Any] = {"metadata": {"name": name, "labels": {"run": name}},
+                           "spec": {"containers": [container], "restartPolicy": options["restart"]}}
+    if "overrides" in options:
+        assert options.get("override-type") == "strategic"  # merge (the default) would replace the container list
+        overrides = json.loads(options["overrides"])
+        spec = overrides.get("spec", {})
+        for patch in spec.pop("containers", []):
+            next(c for c in pod["spec"]["containers"] if c["name"] == patch["name"]).update(patch)
+        pod["spec"].update(spec)
+    return namespace, pod
+
+
+def test_a_test_client_an_example_suggests_is_admitted_by_the_examples_namespace() -> None:
+    """Issue 25: reranker-hub-cpu's `kubectl run` client was refused by the example's own restricted namespace."""
+    path = crd_tools.ROOT / "examples" / "reranker-hub-cpu.yaml"
+    namespace, pod = _kubectl_run_pod(path.read_text().split("\napiVersion:", 1)[0])
+    (declared,) = [d for d in crd_tools.documents(path) if d["kind"] == "Namespace"]
+    assert declared["metadata"]["name"] == namespace
+    assert declared["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert restricted_violations(pod["spec"], pod["metadata"]) == []
+    assert pod["spec"]["containers"][0]["args"][:2] == ["curl", "-s"]  # the overrides kept the command
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=_ids)
+def test_an_examples_pods_fit_on_one_node_of_their_kind(path: Path) -> None:
+    """Issue 25: the GPU example's spread rule needed two GPU nodes; a spread is a preference in an example."""
+    for model in [d for d in crd_tools.documents(path) if d["kind"] == "ScoringModel"]:
+        for constraint in model["spec"].get("pod", {}).get("topologySpreadConstraints", []):
+            assert constraint["whenUnsatisfiable"] == "ScheduleAnyway", constraint
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=_ids)
+def test_a_shared_cache_names_its_storage_class(path: Path) -> None:
+    """ReadWriteMany is not what a cluster's default class offers, and the class decides whether the pods' user may
+    write the volume (fsGroup is usually not applied to ReadWriteMany volumes): the example names a placeholder and
+    says how to make it writable."""
+    text = path.read_text()
+    for claim in [d for d in crd_tools.documents(path) if d["kind"] == "PersistentVolumeClaim"]:
+        if "ReadWriteMany" in claim["spec"]["accessModes"]:
+            assert claim["spec"].get("storageClassName"), claim["metadata"]["name"]
+            assert "uid/gid 10001" in text and "fsGroup" in text

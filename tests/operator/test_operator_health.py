@@ -44,7 +44,7 @@ def test_a_scale_up_onto_a_new_node_stays_healthy() -> None:
 def test_a_model_load_failure_is_degraded_with_its_message() -> None:
     r = rendered(replicas=1)
     failed = pod("a", r.config_hash, ready=False, containerStatuses=[worker(last={
-        "exitCode": 1, "message": "unsupported architecture Qwen3ForCausalLM"})])
+        "exitCode": 3, "message": "unsupported architecture Qwen3ForCausalLM"})])
     status = assess(desired(r, 1), Observed(rolled(r.config_hash, 1, 0), [failed])).status
     health, message = argo_health(model(status))
     assert health == "Degraded" and message == "ModelLoadFailed: a: unsupported architecture Qwen3ForCausalLM"
@@ -63,9 +63,10 @@ def test_before_the_operator_reported_on_this_spec_it_is_progressing(obj: dict[s
 
 
 def test_a_rollout_is_progressing() -> None:
+    """Ready follows Available (old pods serve), but Argo CD waits for a rollout, as for a Deployment."""
     r = rendered()
     status = assess(desired(r), Observed(rolled("0ld", 2, 2), [])).status
-    assert argo_health(model(status))[0] == "Progressing"
+    assert argo_health(model(status)) == ("Progressing", f"RollingOut: {_message(status, 'Progressing')}")
 
 
 def _message(status: dict[str, Any], kind: str) -> str:

@@ -23,6 +23,32 @@ async def test_keda_scales_the_deployment_instead_of_an_hpa() -> None:
         assert cluster.get("horizontalpodautoscalers", NAMESPACE, "reranker") is None
 
 
+async def test_switching_from_hpa_to_keda_completes() -> None:
+    """Issue 25: the operator applied the ScaledObject before deleting its own HPA; KEDA's webhook refuses a workload
+    another HPA scales, and the HPA was never removed. Ours goes first now."""
+    async with running_cluster(keda_api=True) as cluster, running_operator(cluster):
+        await cluster.create("scoringmodels", NAMESPACE, scoring_model(autoscaling={"enabled": True}))
+        await cluster.wait_for(lambda: cluster.get("horizontalpodautoscalers", NAMESPACE, "reranker"), what="HPA")
+        await cluster.patch("scoringmodels", NAMESPACE, "reranker", {"spec": {"autoscaling": KEDA}})
+        await cluster.wait_for(lambda: cluster.get("scaledobjects", NAMESPACE, "reranker"), what="ScaledObject")
+        assert cluster.get("horizontalpodautoscalers", NAMESPACE, "reranker") is None
+        await cluster.wait_for(lambda: condition(cluster, "ConfigValid") == ("True", "Valid"))
+        assert not [p for p in cluster.passes if p.error is not None]  # not even one refusal on the way
+
+
+async def test_the_keda_webhook_refusing_a_users_hpa_is_named() -> None:
+    """A user's own HPA scaling the same Deployment: KEDA's webhook says so, and so does the ScoringModel."""
+    async with running_cluster(keda_api=True) as cluster, running_operator(cluster):
+        await cluster.create("horizontalpodautoscalers", NAMESPACE, {"metadata": {"name": "by-hand"}, "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "reranker"},
+            "minReplicas": 1, "maxReplicas": 3}})
+        await cluster.create("scoringmodels", NAMESPACE, scoring_model(autoscaling=KEDA))
+        await cluster.wait_for(lambda: condition(cluster, "ConfigValid") == ("False", "AdmissionWebhookDenied"))
+        message = next(c["message"] for c in model_status(cluster)["conditions"] if c["type"] == "ConfigValid")
+        assert "is already managed by the hpa 'by-hand'" in message
+        assert cluster.get("horizontalpodautoscalers", NAMESPACE, "by-hand") is not None  # not ours: left alone
+
+
 async def test_the_autoscaling_condition_comes_from_the_hpa_keda_creates() -> None:
     async with running_cluster(keda_api=True) as cluster, running_operator(cluster):
         await cluster.create("scoringmodels", NAMESPACE, scoring_model(autoscaling=KEDA))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import crd_tools
 import pytest
 from cluster_actors import set_deployment_status
 from harness import NAMESPACE, Cluster, running_cluster, running_operator, scoring_model
+from test_operator_crd import EXPECT
 from test_operator_kmock_lifecycle import condition, created, model_status
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
@@ -29,8 +31,27 @@ async def test_a_spec_only_the_operator_can_reject_gives_config_valid_false(oper
 
 
 async def test_the_api_rejects_what_the_crd_can_catch(operator: Cluster) -> None:
-    with pytest.raises(AssertionError, match=r"422.*strictly increasing"):
-        await operator.create("scoringmodels", NAMESPACE, scoring_model(cudaGraph={"tokenBuckets": [512, 256]}))
+    """Every invalid sample, through the API as `kubectl apply` sends it: refused on create with its own message,
+    refused as an update of a valid model (which keeps its stored spec), and the operator never acts on either."""
+    await created(operator)
+    stored = operator.get("scoringmodels", NAMESPACE, "reranker") or {}
+    samples = crd_tools.invalid_samples()
+    for sample in samples:
+        annotations = sample["metadata"]["annotations"]
+        expected = annotations.get(f"{EXPECT}schema") or annotations[f"{EXPECT}cel"]  # CEL runs on valid schemas
+        body = {**sample, "metadata": {"name": sample["metadata"]["name"]}}
+        with pytest.raises(AssertionError, match="422") as refused:
+            await operator.create("scoringmodels", NAMESPACE, body)
+        assert expected in str(refused.value), (sample["metadata"]["name"], refused.value)
+        if sample["metadata"]["name"] in ("1st-model", "no-model"):
+            continue  # about the name, or a spec without a model: not an update of this object
+        with pytest.raises(AssertionError, match="422"):
+            await operator.patch("scoringmodels", NAMESPACE, "reranker", {"spec": sample["spec"]})
+    after = operator.get("scoringmodels", NAMESPACE, "reranker") or {}
+    assert (after["spec"], after["metadata"]["generation"]) == (stored["spec"], 1)  # no refused change stored
+    report = await operator.reconciled()
+    assert report.wrote == [] and {p.key[1] for p in operator.passes} == {"reranker"}
+    assert len(samples) >= 30
 
 
 async def test_autoscaling_leaves_replicas_to_the_hpa(operator: Cluster) -> None:

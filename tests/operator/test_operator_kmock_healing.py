@@ -4,11 +4,12 @@ lost watch streams, and a restart in the middle of a pass."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 from cluster_actors import set_deployment_status
 from harness import NAMESPACE, Cluster, running_operator, scoring_model
-from test_operator_kmock_lifecycle import CHILDREN, condition, created
+from test_operator_kmock_lifecycle import CHILDREN, condition, created, model_status
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 
@@ -44,16 +45,42 @@ async def test_deleting_the_foreign_object_brings_the_model_back_without_a_spec_
     await operator.wait_for(lambda: condition(operator, "Ready") == ("True", "AllReplicasReady"), what="Ready")
 
 
-async def test_a_rejected_child_is_applied_once_the_api_accepts_it(operator: Cluster) -> None:
-    """E.g. an admission webhook or a quota refuses the Deployment for a while."""
-    operator.emulator.fail("PATCH", "deployments", status=422, times=3)
+QUOTA = ('configmaps "reranker" is forbidden: exceeded quota: object-counts, requested: count/configmaps=1,'
+         ' used: count/configmaps=10, limited: count/configmaps=10')
+GATEKEEPER = ('admission webhook "validation.gatekeeper.sh" denied the request: [must-have-owner] you must provide'
+              ' labels: {"owner"}')
+
+
+def events_about(cluster: Cluster, name: str = "reranker") -> list[dict[str, Any]]:
+    return [obj.raw for (res, ns, _), obj in cluster.emulator.objects.items() if res.plural == "events"
+            and ns == NAMESPACE and not obj.deleted and obj.raw["involvedObject"].get("kind") == "ScoringModel"
+            and obj.raw["involvedObject"]["name"] == name]
+
+
+@pytest.mark.parametrize(("plural", "status", "reason", "message", "expected"), [
+    ("configmaps", 403, "Forbidden", QUOTA, "QuotaExceeded"),  # a ResourceQuota on object counts
+    ("deployments", 403, "Forbidden", GATEKEEPER, "AdmissionWebhookDenied"),  # a policy engine's webhook
+    ("deployments", 422, "Invalid", 'Deployment.apps "reranker" is invalid: spec.template: bad', "Rejected"),
+])
+async def test_a_refusal_is_a_condition_and_an_event_at_once_and_heals_by_itself(
+        operator: Cluster, plural: str, status: int, reason: str, message: str, expected: str) -> None:
+    """Issue 25: a 403 from a quota or a webhook was retried silently, and a new model showed an empty status
+    forever. Now the pass that meets it writes a condition naming the refusal, with the API's message, and an Event
+    (not one retry interval later); the operator keeps looking, so lifting the quota heals the model."""
+    operator.emulator.fail("PATCH", plural, status=status, times=3, reason=reason, message=message)
     await operator.create("scoringmodels", NAMESPACE, scoring_model())
-    await operator.wait_for(lambda: condition(operator, "ConfigValid") == ("False", "Rejected"), what="rejected")
-    await operator.wait_for(lambda: any(c.resource == "events" and c.verb == "create" for c in operator.emulator.calls),
-                            what="a warning event")
+    await operator.wait_for(lambda: condition(operator, "ConfigValid") == ("False", expected), what=expected)
+    first = await operator.wait_for(lambda: next((p for p in operator.passes if p.error == expected), None))
+    assert first.wrote[-2:] == ["status", "event"]  # in that very pass
+    config_valid = next(c for c in model_status(operator)["conditions"] if c["type"] == "ConfigValid")
+    assert message in config_valid["message"]
+    (event,) = events_about(operator)
+    assert (event["type"], event["reason"]) == ("Warning", expected) and message in event["message"]
+    assert event["involvedObject"]["uid"] == operator.get("scoringmodels", NAMESPACE, "reranker")["metadata"]["uid"]
     await operator.wait_for(lambda: operator.get("deployments", NAMESPACE, "reranker"), what="applied, no spec edit")
     await operator.wait_for(lambda: condition(operator, "ConfigValid") == ("True", "Valid"))
-    assert [p.next_pass_in for p in operator.passes if p.error == "Rejected"] == [0.2, 0.4, 0.8]
+    assert [p.next_pass_in for p in operator.passes if p.error == expected] == [0.2, 0.4, 0.8]
+    assert len(events_about(operator)) == 1  # one Event per refusal, not one per retry
 
 
 @pytest.mark.parametrize("status", [500, 409])

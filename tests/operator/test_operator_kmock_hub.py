@@ -28,13 +28,18 @@ def operator_env(hub: FakeHub, **extra: str) -> dict[str, str]:
     return {"SCOREKEEPER_HF_ENDPOINT": hub.url, "SCOREKEEPER_HF_TOKEN": hub.token, **extra}
 
 
+def download(pod: dict[str, Any]) -> dict[str, Any]:
+    found: dict[str, Any] = next(c for c in pod["initContainers"] if c["name"] == "download-model")
+    return found
+
+
 def pinned(cluster: Cluster) -> tuple[str, str, int] | None:
     """(HF_REVISION of the download, the worker's --model, replicas) of the live Deployment."""
     deployment = cluster.get("deployments", NAMESPACE, "reranker")
     if deployment is None:
         return None
     pod = deployment["spec"]["template"]["spec"]
-    env = {e["name"]: e.get("value") for e in pod["initContainers"][0]["env"]}
+    env = {e["name"]: e.get("value") for e in download(pod)["env"]}
     args = pod["containers"][0]["args"]
     return env["HF_REVISION"], args[args.index("--model") + 1], deployment["spec"].get("replicas", 1)
 
@@ -112,14 +117,22 @@ async def test_a_refused_resolution_is_reported_not_retried(cluster: Cluster, hu
     assert hub.calls("GET", "/api/models/") == 1
 
 
-async def test_a_hub_outage_is_retried_until_it_answers(cluster: Cluster, hub: FakeHub) -> None:
+async def test_a_hub_outage_is_reported_and_retried_until_it_answers(cluster: Cluster, hub: FakeHub) -> None:
+    """Issue 25: an unreachable Hub left a new model with an empty status, like a silent 403."""
     commit = hub.commit("org/name", FILES)
     hub.fail(503, times=2)
     async with running_operator(cluster, env=operator_env(hub)):
         await create(cluster, revision="main")
         await cluster.wait_for(lambda: pinned(cluster), what="deployment after the outage")
         assert pinned(cluster) == (commit, f"/models/org/name/{commit}", 1)
+        await cluster.wait_for(lambda: condition(cluster, "ConfigValid") == ("True", "Valid"), what="healed")
     assert hub.calls("GET", REVISION_CALL) == 3
+    reported = [c for version in cluster.versions("scoringmodels", NAMESPACE, "reranker")
+                for c in (version.get("status") or {}).get("conditions", []) if c["type"] == "ConfigValid"]
+    outage = next(c for c in reported if c["status"] == "False")
+    assert outage["reason"] == "HubUnavailable" and "HTTP 503" in outage["message"]
+    first = await cluster.wait_for(lambda: next((p for p in cluster.passes if p.error == "HubUnavailable"), None))
+    assert "status" in first.wrote and "event" in first.wrote  # the first pass that met it said so
 
 
 async def test_an_air_gapped_operator_serves_only_pinned_commits_from_a_cache(cluster: Cluster,
@@ -132,7 +145,7 @@ async def test_an_air_gapped_operator_serves_only_pinned_commits_from_a_cache(cl
         await cluster.patch("scoringmodels", NAMESPACE, "reranker", {"spec": {"model": {"revision": commit}}})
         await cluster.wait_for(lambda: pinned(cluster), what="deployment")
         pod = (cluster.get("deployments", NAMESPACE, "reranker") or {})["spec"]["template"]["spec"]
-        env = {e["name"]: e.get("value") for e in pod["initContainers"][0]["env"]}
+        env = {e["name"]: e.get("value") for e in download(pod)["env"]}
         assert env["HF_HUB_OFFLINE"] == "1"  # the init container only checks the cache
         assert {v["name"]: v for v in pod["volumes"]}["model"]["persistentVolumeClaim"] == {"claimName": "hub-cache"}
     assert hub.requests == []

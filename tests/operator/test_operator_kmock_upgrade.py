@@ -1,6 +1,6 @@
-"""A new default worker image (a `helm upgrade`) reaches the ScoringModels a bounded number at a time: the real
-operator, restarted with a new SCOREKEEPER_WORKER_IMAGE, against the emulator, which plays the Deployment
-controller by reporting rollouts complete when the test says so."""
+"""Rollouts the operator causes (a `helm upgrade`: a new default worker image, pods rendered differently) reach the
+ScoringModels a bounded number at a time: the real operator, restarted as a new release, against the emulator, which
+plays the Deployment controller by reporting rollouts complete when the test says so."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from cluster_actors import set_deployment_status
 from harness import NAMESPACE, Cluster, running_operator, scoring_model
-from scorekeeper_operator.image_rollout import RECHECK_SECONDS, ImageChoice, choose, rolled_out
-from scorekeeper_operator.render.manifests import DEFAULT_IMAGE_ANNOTATION
-from scorekeeper_operator.spec.model import ScoringModel
-from scorekeeper_operator.spec.settings import OperatorSettings
+from scorekeeper_operator.cache import WatchCache
+from scorekeeper_operator.pacing import PACED_ANNOTATION, Decision, Pacer, operator_caused, rolled_out
+from scorekeeper_operator.render.manifests import CONFIG_HASH_ANNOTATION, GENERATION_ANNOTATION
+from scorekeeper_operator.spec import pod_layout
 
 MODELS = ("alpha", "bravo", "charlie")
 OLD, NEW = "registry.example/worker:1", "registry.example/worker:2"
@@ -35,6 +35,25 @@ def upgrading(cluster: Cluster) -> list[str]:
             and not rolled_out(cluster.get("deployments", NAMESPACE, n) or {})]
 
 
+def templates(cluster: Cluster, name: str) -> list[str]:
+    """The pod templates (config hashes) the Deployment went through, in order: each change is one rollout."""
+    seen: list[str] = []
+    for version in cluster.versions("deployments", NAMESPACE, name):
+        found = version["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
+        if not seen or seen[-1] != found:
+            seen.append(found)
+    return seen
+
+
+async def serving(cluster: Cluster, *names: str, **spec: Any) -> None:
+    for name in names:
+        await cluster.create("scoringmodels", NAMESPACE, scoring_model(name, **spec))
+    for name in names:
+        await cluster.wait_for(lambda n=name: cluster.get("deployments", NAMESPACE, n), timeout=WAIT,  # type: ignore[misc]
+                               what=name)
+        await set_deployment_status(cluster, ready=1, model=name)
+
+
 async def settled(cluster: Cluster, on_new: int) -> None:
     # Generous deadlines: the waits poll and return as soon as the state is there, and a loaded CI box is slow.
     await cluster.wait_for(lambda: sum(image_of(cluster, n) == NEW for n in MODELS) == on_new, timeout=WAIT,
@@ -47,24 +66,19 @@ async def settled(cluster: Cluster, on_new: int) -> None:
 
 async def looked_again(cluster: Cluster) -> None:
     """Every model has had a pass that started after every change so far: a model that could move has moved. A
-    waiting model comes back by itself (a slot freed by a deleted model sends it no event)."""
+    waiting model polls nothing: a Deployment event (a completed rollout, a deleted model) frees its slot."""
     for name in MODELS:
         report = await cluster.reconciled(name, timeout=WAIT)
         if image_of(cluster, name) == OLD:
-            assert report.next_pass_in == RECHECK_SECONDS
+            assert report.next_pass_in == 600 and report.wrote == []  # the resync only; no apply of any kind
 
 
 @pytest.mark.asyncio
 @pytest.mark.timeout(400)
 async def test_a_new_default_image_rolls_one_model_at_a_time(cluster: Cluster) -> None:
     async with running_operator(cluster, env={"SCOREKEEPER_WORKER_IMAGE": OLD}):
-        for name in MODELS:
-            await cluster.create("scoringmodels", NAMESPACE, scoring_model(name))
-        await cluster.create("scoringmodels", NAMESPACE, scoring_model("pinned", image="own:7"))
-        for name in (*MODELS, "pinned"):
-            await cluster.wait_for(lambda n=name: cluster.get("deployments", NAMESPACE, n), timeout=WAIT,  # type: ignore[misc]
-                                   what=name)
-            await set_deployment_status(cluster, ready=1, model=name)
+        await serving(cluster, *MODELS)
+        await serving(cluster, "pinned", image="own:7")
     assert [image_of(cluster, n) for n in MODELS] == [OLD] * 3
 
     async with running_operator(cluster, env={"SCOREKEEPER_WORKER_IMAGE": NEW,
@@ -80,17 +94,14 @@ async def test_a_new_default_image_rolls_one_model_at_a_time(cluster: Cluster) -
         await cluster.wait_for(lambda: not any(status_of(cluster, n).get("pendingWorkerImage") for n in MODELS),
                                timeout=WAIT, what="nothing pending")
         assert image_of(cluster, "pinned") == "own:7"  # its own spec.image: untouched by the default
+    assert all(len(templates(cluster, n)) == 2 for n in MODELS)  # each rolled once
 
 
 @pytest.mark.asyncio
 @pytest.mark.timeout(400)
 async def test_a_model_whose_upgrade_never_becomes_ready_stops_the_wave(cluster: Cluster) -> None:
     async with running_operator(cluster, env={"SCOREKEEPER_WORKER_IMAGE": OLD}):
-        for name in MODELS:
-            await cluster.create("scoringmodels", NAMESPACE, scoring_model(name))
-            await cluster.wait_for(lambda n=name: cluster.get("deployments", NAMESPACE, n), timeout=WAIT,  # type: ignore[misc]
-                                   what=name)
-            await set_deployment_status(cluster, ready=1, model=name)
+        await serving(cluster, *MODELS)
     async with running_operator(cluster, env={"SCOREKEEPER_WORKER_IMAGE": NEW,
                                               "SCOREKEEPER_MAX_CONCURRENT_UPGRADES": "2"}):
         await settled(cluster, on_new=2)
@@ -100,31 +111,109 @@ async def test_a_model_whose_upgrade_never_becomes_ready_stops_the_wave(cluster:
         assert len(upgrading(cluster)) == 2 and sum(image_of(cluster, n) == OLD for n in MODELS) == 1
 
 
+@pytest.mark.asyncio
+@pytest.mark.timeout(400)
+async def test_pods_rendered_differently_roll_one_model_at_a_time_and_each_once(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 25: any change to how pods are rendered, not only the image, rolled every model at once; and a model
+    waiting for its image rolled twice (first on the old image, rendered the new way)."""
+    async with running_operator(cluster, env={"SCOREKEEPER_WORKER_IMAGE": OLD}):
+        await serving(cluster, *MODELS)
+    first = {n: templates(cluster, n) for n in MODELS}
+    monkeypatch.setitem(pod_layout.WORKER_ENV, "SCOREKEEPER_RELEASE_NOTE", "3")  # the new release renders this
+    async with running_operator(cluster, env={"SCOREKEEPER_WORKER_IMAGE": NEW}):
+        order = []
+        for step in range(1, len(MODELS) + 1):
+            await settled(cluster, on_new=step)
+            (moving,) = upgrading(cluster)
+            order.append(moving)
+            for name in MODELS:
+                if image_of(cluster, name) == OLD:  # waiting: not touched at all, and says what it waits for
+                    assert templates(cluster, name) == first[name]
+                    assert status_of(cluster, name)["pendingConfigHash"] != status_of(cluster, name)["configHash"]
+                    assert status_of(cluster, name)["configHash"] == first[name][-1]
+            env = cluster.get("deployments", NAMESPACE, moving)["spec"]["template"]["spec"]["containers"][0]["env"]
+            assert {"name": "SCOREKEEPER_RELEASE_NOTE", "value": "3"} in env
+            await set_deployment_status(cluster, ready=1, model=moving)
+    assert sorted(order) == sorted(MODELS)
+    assert all(len(templates(cluster, n)) == 2 for n in MODELS)  # one rollout each
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(400)
+async def test_a_freed_slot_wakes_the_longest_waiting_model_and_no_other(cluster: Cluster) -> None:
+    """The release of waiting upgrades: a completed rollout lets the next model go at once (no polling: with it
+    removed, nothing would wake a waiting model before the resync), and only as many as there are free slots."""
+    async with running_operator(cluster, env={"SCOREKEEPER_WORKER_IMAGE": OLD}):
+        await serving(cluster, *MODELS)
+    async with running_operator(cluster, env={"SCOREKEEPER_WORKER_IMAGE": NEW}):
+        await settled(cluster, on_new=1)
+        (moving,) = upgrading(cluster)
+        waiting = [name for _, name in cluster.memo.reconciler.pacer.waiting]  # type: ignore[union-attr]
+        assert sorted(waiting) == sorted(n for n in MODELS if n != moving)  # longest-waiting first
+        before = len(cluster.passes)
+        await set_deployment_status(cluster, ready=1, model=moving)
+        await cluster.wait_for(lambda: sum(image_of(cluster, n) == NEW for n in MODELS) == 2, timeout=WAIT,
+                               what="the next model upgrading")
+        woken, still = waiting
+        assert image_of(cluster, woken) == NEW and image_of(cluster, still) == OLD
+        assert not [p for p in cluster.passes[before:] if p.key == (NAMESPACE, still)]  # never woken for nothing
+        await cluster.delete("scoringmodels", NAMESPACE, woken)  # a deleted model frees its slot too
+        await cluster.wait_for(lambda: image_of(cluster, still) == NEW, timeout=WAIT, what="the last model")
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(400)
+async def test_a_spec_change_of_a_waiting_model_rolls_it_at_once_and_once(cluster: Cluster) -> None:
+    async with running_operator(cluster, env={"SCOREKEEPER_WORKER_IMAGE": OLD}):
+        await serving(cluster, *MODELS)
+    async with running_operator(cluster, env={"SCOREKEEPER_WORKER_IMAGE": NEW}):
+        await settled(cluster, on_new=1)
+        waiting = next(n for n in MODELS if image_of(cluster, n) == OLD)
+        await cluster.patch("scoringmodels", NAMESPACE, waiting, {"spec": {"scoring": {"maxBatchTokens": 4096}}})
+        await cluster.wait_for(lambda: image_of(cluster, waiting) == NEW, timeout=WAIT, what="rolled with the spec")
+        await cluster.wait_for(lambda: status_of(cluster, waiting)["observedGeneration"] == 2, what="status")
+        assert len(templates(cluster, waiting)) == 2 and "pendingWorkerImage" not in status_of(cluster, waiting)
+        assert len(upgrading(cluster)) == 2  # the user's rollout is theirs: it takes no slot from the wave
+
+
 # -- the pure decision ---------------------------------------------------------------------------------------------
-def _deployment(image: str | None, generation: int = 2, observed: int = 2, ready: int = 1) -> dict[str, Any]:
-    annotations = {DEFAULT_IMAGE_ANNOTATION: image} if image else {}
-    return {"metadata": {"generation": generation, "annotations": annotations}, "spec": {"replicas": 1},
-            "status": {"observedGeneration": observed, "replicas": 1, "updatedReplicas": 1, "readyReplicas": ready}}
+def _deployment(config_hash: str, generation: str | None = "2", *, paced: str | None = None,
+                ready: int = 1, name: str = "x") -> dict[str, Any]:
+    notes = {k: v for k, v in ((GENERATION_ANNOTATION, generation), (PACED_ANNOTATION, paced)) if v is not None}
+    return {"metadata": {"name": name, "namespace": NAMESPACE, "generation": 4, "annotations": notes},
+            "spec": {"replicas": 1, "template": {"metadata": {"annotations": {CONFIG_HASH_ANNOTATION: config_hash}}}},
+            "status": {"observedGeneration": 4, "replicas": 1, "updatedReplicas": 1, "readyReplicas": ready}}
 
 
-@pytest.mark.parametrize(("image", "live", "busy", "expected"), [
-    ("", None, 5, ImageChoice(NEW)),  # a new model starts on the current default
-    ("", _deployment(NEW), 5, ImageChoice(NEW)),  # already there
-    ("", _deployment(OLD), 0, ImageChoice(NEW)),  # a free slot
-    ("", _deployment(OLD), 1, ImageChoice(OLD, pending=NEW)),  # no slot: keep the running image
-    ("", _deployment(None), 1, ImageChoice(NEW)),  # spec.image was just removed: the user asked for the default
-    ("mine:1", _deployment(OLD), 1, ImageChoice(None)),  # its own image
+@pytest.mark.parametrize(("live", "expected"), [
+    (None, False),  # nothing runs yet
+    (_deployment("new"), False),  # no rollout at all
+    (_deployment("old", generation="1"), False),  # the user changed the spec since: theirs, at once
+    (_deployment("old"), True),  # same generation, another template: the operator's
+    (_deployment("old", generation=None), True),  # rendered by an operator that did not record it
 ])
-def test_choose(image: str, live: dict[str, Any] | None, busy: int, expected: ImageChoice) -> None:
-    body = scoring_model(image=image) if image else scoring_model()
-    model = ScoringModel.from_body(body)
-    assert choose(model, OperatorSettings(worker_image=NEW, max_concurrent_upgrades=1), live, busy) == expected
+def test_operator_caused(live: dict[str, Any] | None, expected: bool) -> None:
+    assert operator_caused(live, 2, "new") is expected
+
+
+def test_slots_come_from_the_cache_and_from_decisions_not_yet_visible_there() -> None:
+    cache = WatchCache()
+    pacer = Pacer(2, cache)
+    cache.put("deployments", _deployment("h1", paced="h1", ready=0, name="busy"))  # a paced rollout under way
+    cache.put("deployments", _deployment("h2", paced="h2", ready=1, name="done"))  # completed: no slot
+    assert pacer.decide((NAMESPACE, "a"), 2, _deployment("old", name="a"), "new") == Decision(paced=True)
+    assert pacer.decide((NAMESPACE, "b"), 2, _deployment("old", name="b"), "new") == Decision(hold=True)
+    assert list(pacer.waiting) == [(NAMESPACE, "b")] and pacer.next_up() == []
+    pacer.settle((NAMESPACE, "a"))  # its apply failed (the cache shows no paced rollout for it): the slot is free
+    assert pacer.next_up() == [(NAMESPACE, "b")]
 
 
 def test_rolled_out_needs_the_new_generation_observed_and_every_pod_ready() -> None:
-    assert rolled_out(_deployment(NEW))
-    assert not rolled_out(_deployment(NEW, generation=3, observed=2))
-    assert not rolled_out(_deployment(NEW, ready=0))
-    old_pods_left = _deployment(NEW)
+    assert rolled_out(_deployment("h"))
+    assert not rolled_out({**_deployment("h"), "status": {"observedGeneration": 3, "replicas": 1,
+                                                          "updatedReplicas": 1, "readyReplicas": 1}})
+    assert not rolled_out(_deployment("h", ready=0))
+    old_pods_left = _deployment("h")
     old_pods_left["status"]["replicas"] = 2
     assert not rolled_out(old_pods_left)

@@ -111,3 +111,25 @@ def test_non_canonical_requests_are_not_drift_but_other_changes_are() -> None:
     live["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "500m"
     live["metadata"]["labels"]["size"] = "1k"  # a label is a string, not a quantity: this is a change
     assert not contains(live, desired)
+
+
+@pytest.mark.parametrize(("written", "stored"), [(1.5, "1.5"), (2, "2"), (2.5e9, "2500000000.0"), ("500m", "500m")])
+def test_a_quantity_written_as_a_yaml_number_is_accepted_like_a_deployments(written: Any, stored: str) -> None:
+    """Issue 25: `cpu: 1.5` unquoted, which int-or-string refuses at a real API server."""
+    body = scoring_model(resources={"cpu": written, "memory": written})
+    defaulted = crd_tools.apply_defaults(crd_tools.version_schema(), body)
+    assert crd_tools.schema_errors(defaulted) == []
+    resources = ScoringModel.from_body(body).spec.resources
+    assert (resources.cpu, resources.memory) == (stored, stored)
+    assert canonical_quantity(stored) == canonical_quantity(str(written))
+
+
+@pytest.mark.parametrize(("written", "at_the_api"), [(-1, True), (True, False), ({"value": "1"}, False)])
+def test_what_is_not_a_quantity_is_refused(written: Any, at_the_api: bool) -> None:
+    """The CRD gives up its type to admit numbers: its minimum refuses negatives; other shapes get through the API
+    and the operator refuses them (ConfigValid=False), naming the field."""
+    body = scoring_model(resources={"cpu": written})
+    errors = crd_tools.schema_errors(crd_tools.apply_defaults(crd_tools.version_schema(), body))
+    assert bool(errors) is at_the_api
+    with pytest.raises(InvalidSpec, match=r"spec\.resources\.cpu"):
+        ScoringModel.from_body(body)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from kmock_ext import ApiCall
 from operator_scenario import rbac_rules
+from render_cases import SETTINGS, model_from
+from scorekeeper_operator.render.manifests import render
 
 
 def test_the_scenario_records_every_kind_of_call(operator_api_calls: frozenset[ApiCall]) -> None:
@@ -12,7 +14,8 @@ def test_the_scenario_records_every_kind_of_call(operator_api_calls: frozenset[A
         verbs[call.api_group, call.resource, call.subresource].add(call.verb)
     assert verbs["scorekeeper.dev", "scoringmodels", ""] >= {"get", "list", "watch", "patch"}
     assert verbs["scorekeeper.dev", "scoringmodels", "status"] == {"patch"}
-    # blockOwnerDeletion on the children: required where OwnerReferencesPermissionEnforcement is enabled.
+    # blockOwnerDeletion on the children: required where OwnerReferencesPermissionEnforcement is enabled (the
+    # emulator records it for every write that sets such a reference; test_children_block_owner_deletion).
     assert verbs["scorekeeper.dev", "scoringmodels", "finalizers"] == {"update"}
     # Server-side apply of an absent object is authorized as `create`: the emulator records it as such.
     for group, plural in (("", "configmaps"), ("", "services"), ("apps", "deployments")):
@@ -24,6 +27,17 @@ def test_the_scenario_records_every_kind_of_call(operator_api_calls: frozenset[A
     assert verbs["", "pods", ""] >= {"list", "watch"}
     assert verbs["", "events", ""] == {"create", "list"}  # kopf's warnings; the Events of pods on their way
     assert verbs["apiextensions.k8s.io", "customresourcedefinitions", ""] == {"list", "watch"}
+
+
+def test_children_block_owner_deletion() -> None:
+    """Why the finalizers permission is needed: every child the operator renders blocks its owner's deletion until
+    the garbage collector removed it (foreground deletion), which needs `update` on scoringmodels/finalizers."""
+    rendered = render(model_from({"replicas": 3, "autoscaling": {"enabled": True}, "networkPolicy": {"enabled": True}}),
+                      SETTINGS, service_monitor_api=True)
+    assert len(rendered.manifests) == 7
+    for manifest in rendered.manifests:
+        (owner,) = manifest["metadata"]["ownerReferences"]
+        assert owner["blockOwnerDeletion"] is True and owner["kind"] == "ScoringModel"
 
 
 def test_nothing_broader_than_needed(operator_api_calls: frozenset[ApiCall]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import copy
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,7 +16,7 @@ from render_cases import COMMIT, FULL_POD, K8S_VERSIONS, SETTINGS, container, mo
 from scorekeeper_operator.render import optional as render_optional
 from scorekeeper_operator.render.manifests import (
     CONFIG_HASH_ANNOTATION,
-    DEFAULT_IMAGE_ANNOTATION,
+    GENERATION_ANNOTATION,
     common_labels,
     render,
 )
@@ -227,14 +228,16 @@ def test_keda_scaled_object_replaces_the_hpa() -> None:
 
 
 # -- images, GPUs, revisions -------------------------------------------------------------------------------------------
-def test_the_default_image_is_recorded_on_the_deployment_and_can_be_held_back() -> None:
-    rendered = render(model_from({}), SETTINGS, service_monitor_api=False, worker_image="old:1")
+def test_the_deployment_records_the_generation_it_was_rendered_from() -> None:
+    """What tells a spec change (rolled at once) from an operator change (paced, pacing.py); on the Deployment, not
+    its pod template, so that writing it rolls nothing."""
+    rendered = render(model_from({}), SETTINGS, service_monitor_api=False)
     deployment = rendered.get("Deployment")
-    assert deployment is not None and rendered.worker_image == "old:1"
-    assert deployment["metadata"]["annotations"] == {DEFAULT_IMAGE_ANNOTATION: "old:1"}
-    assert container(rendered)["image"] == "old:1"
-    own = render(model_from({"image": "mine:2"}), SETTINGS, service_monitor_api=False, worker_image="old:1")
-    assert container(own)["image"] == "mine:2" and "annotations" not in own.get("Deployment")["metadata"]  # type: ignore[index]
+    assert deployment is not None and rendered.worker_image == SETTINGS.worker_image
+    assert deployment["metadata"]["annotations"] == {GENERATION_ANNOTATION: "3"}
+    assert GENERATION_ANNOTATION not in deployment["spec"]["template"]["metadata"].get("annotations", {})
+    own = render(model_from({"image": "mine:2"}), SETTINGS, service_monitor_api=False)
+    assert container(own)["image"] == "mine:2" and own.worker_image == "mine:2"
 
 
 def test_more_than_one_gpu_is_refused_with_the_reason() -> None:
@@ -258,15 +261,15 @@ def test_status_reports_the_revision_and_the_images() -> None:
 
     now_utc = datetime(2026, 1, 1, tzinfo=UTC)
     model = model_from({"model": {"uri": "hf://org/name", "revision": COMMIT}})
-    result = render(model, SETTINGS, service_monitor_api=False, worker_image="old:1")
+    result = replace(render(model, SETTINGS, service_monitor_api=False), worker_image="old:1")  # what runs
 
     def status(rendered: Any, previous: dict[str, Any], **fields: Any) -> dict[str, Any]:
         desired = Desired(generation=1, selector="s", endpoint="e", rendered=rendered, fixed_replicas=1, **fields)
         return compute_status(desired, Observed(None), previous, now_utc).status
 
-    now = status(result, {}, model_source=model.model_status(), pending_image="new:2")
+    now = status(result, {}, model_source=model.model_status(), pending_image="new:2", pending_config_hash="c0ffee")
     assert now["model"] == {"uri": "hf://org/name", "revision": COMMIT, "resolvedRevision": COMMIT}
-    assert (now["workerImage"], now["pendingWorkerImage"]) == ("old:1", "new:2")
+    assert (now["workerImage"], now["pendingWorkerImage"], now["pendingConfigHash"]) == ("old:1", "new:2", "c0ffee")
     broken = status(None, now, config_error=ConfigError("InvalidSpec", "x"), model_source=now["model"])
     assert broken["workerImage"] == "old:1" and broken["model"] == now["model"]  # what the pods still run
-    assert "pendingWorkerImage" not in broken
+    assert "pendingWorkerImage" not in broken and "pendingConfigHash" not in broken

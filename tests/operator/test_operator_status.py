@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
-from scorekeeper_operator.status.compute import SCHEDULING_DEADLINE_SECONDS, ConfigError, Observed
+from scorekeeper_operator.status.compute import ConfigError, Observed
 from status_fixtures import (
     LATER,
     assess,
@@ -38,18 +39,35 @@ def test_ready_when_all_desired_replicas_of_the_current_revision_are_ready() -> 
     assert status["endpoint"] == "http://reranker.ml.svc:8000" and status["selector"] == "app=x"
 
 
-@pytest.mark.parametrize(("dep_kwargs", "reason"), [
-    ({"observed": 4, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2}, "RollingOut"),  # not seen yet
-    ({"replicas": 3, "updatedReplicas": 2, "readyReplicas": 3}, "RollingOut"),  # an old pod still runs
-    ({"replicas": 0, "updatedReplicas": 0, "readyReplicas": 0}, "RollingOut"),  # Recreate: old gone, new not yet
+@pytest.mark.parametrize(("dep_kwargs", "ready"), [
+    ({"observed": 4, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2}, ("True", "AllReplicasReady")),
+    ({"replicas": 3, "updatedReplicas": 2, "readyReplicas": 3}, ("True", "AllReplicasReady")),  # an old pod left
+    ({"replicas": 2, "updatedReplicas": 1, "readyReplicas": 1}, ("True", "MinimumReplicasAvailable")),
+    ({"replicas": 0, "updatedReplicas": 0, "readyReplicas": 0}, ("False", "RollingOut")),  # Recreate: none serve
 ])
-def test_a_spec_change_is_not_ready_before_the_rollout_really_finished(dep_kwargs: dict[str, Any],
-                                                                       reason: str) -> None:
+def test_ready_follows_available_during_a_rollout(dep_kwargs: dict[str, Any], ready: tuple[str, str]) -> None:
+    """Old pods still serving are capacity: Ready stays as Available says; the rollout is Progressing's business."""
     r = rendered()
     status = assess(desired(r), Observed(deployment(r.config_hash, **dep_kwargs), [])).status
-    assert conditions(status)["Ready"] == ("False", reason)
+    assert conditions(status)["Ready"] == ready
+    assert conditions(status)["Ready"][0] == conditions(status)["Available"][0]
     assert conditions(status)["Progressing"] == ("True", "RollingOut")
-    assert status["phase"] == "Progressing"
+    assert status["phase"] == ("Ready" if ready[0] == "True" else "Progressing")
+
+
+def test_every_condition_carries_the_generation_it_describes() -> None:
+    """kstatus and Argo CD compare a condition's observedGeneration with metadata.generation: a condition computed
+    for an older spec must say so, each one, not only status.observedGeneration."""
+    r = rendered()
+    first = assess(desired(r), Observed(rolled(r.config_hash, 2, 2), [])).status
+    assert {c["type"]: c["observedGeneration"] for c in first["conditions"]} == {c: 2 for c in conditions(first)}
+    newer = replace(desired(r), generation=3)
+    second = assess(newer, Observed(rolled(r.config_hash, 2, 2), []), first, LATER).status
+    assert [c["observedGeneration"] for c in second["conditions"]] == [3] * len(second["conditions"])
+    assert second["observedGeneration"] == 3
+    # The generation moved, nothing else: the transition times stay.
+    assert [c["lastTransitionTime"] for c in second["conditions"]] == [c["lastTransitionTime"]
+                                                                       for c in first["conditions"]]
 
 
 def test_too_few_ready_pods_are_not_available_and_loading_pods_are_progress_not_complete() -> None:
@@ -63,11 +81,13 @@ def test_too_few_ready_pods_are_not_available_and_loading_pods_are_progress_not_
     assert "c: Loading" in message(status, "Progressing")
 
 
-def test_a_deployment_still_on_the_old_config_hash_is_not_ready_but_available() -> None:
+def test_a_deployment_still_on_the_old_config_hash_is_ready_and_progressing() -> None:
     r = rendered()
     status = assess(desired(r), Observed(rolled("0ld", 2, 2), [])).status
-    assert conditions(status)["Ready"] == ("False", "RollingOut")
-    assert conditions(status)["Available"] == ("True", "MinimumReplicasAvailable")  # the old pods still serve
+    assert conditions(status)["Ready"] == ("True", "AllReplicasReady")  # the old pods still serve
+    assert conditions(status)["Available"] == ("True", "MinimumReplicasAvailable")
+    assert conditions(status)["Progressing"] == ("True", "RollingOut")
+    assert "0 of 2 pods run the current configuration" in message(status, "Ready")
 
 
 def test_hpa_scale_up_onto_a_node_being_added_keeps_ready_and_says_progressing() -> None:
@@ -85,9 +105,8 @@ def test_hpa_scale_up_onto_a_node_being_added_keeps_ready_and_says_progressing()
     assert conditions(status)["Progressing"] == ("True", "PodsStarting")
     assert "NodeProvisioning" in message(status, "Progressing") and "gpu-pool" in message(status, "Progressing")
     assert conditions(status)["Degraded"] == ("False", "Healthy") and status["phase"] == "Ready"
-    # Nothing will announce the deadline: the operator must look again by then, and poll Events meanwhile.
-    assert assessment.recheck_in == pytest.approx(SCHEDULING_DEADLINE_SECONDS - 60)
-    assert assessment.waiting
+    # No deadline of ours while a node is on its way (the autoscaler says when it gives up): poll the Events.
+    assert assessment.recheck_in is None and assessment.waiting
 
 
 def test_one_pod_restarting_keeps_ready() -> None:

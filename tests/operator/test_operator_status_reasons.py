@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from scorekeeper_operator.status.compute import SCHEDULING_DEADLINE_SECONDS, Observed
-from status_fixtures import assess, at, conditions, desired, event, message, pod, rendered, rolled, unscheduled, worker
+from status_fixtures import (
+    NOW,
+    assess,
+    at,
+    conditions,
+    desired,
+    event,
+    message,
+    pod,
+    rendered,
+    rolled,
+    unscheduled,
+    worker,
+)
 
 LOAD_ERROR = ("model /models/qwen3-reranker cannot be loaded: config.json declares architecture Qwen3ForCausalLM,"
               " which this worker does not support (supported: BertModel, LlamaForCausalLM, Qwen2ForCausalLM).")
@@ -29,15 +43,30 @@ def _hash() -> str:
 ])
 def test_a_model_load_failure_is_degraded_with_the_workers_termination_message(state: dict[str, Any]) -> None:
     failed = pod("a", _hash(), ready=False, ready_since=at(400), containerStatuses=[worker(state=state, last={
-        "exitCode": 1, "reason": "Error", "message": LOAD_ERROR, "startedAt": at(300), "finishedAt": at(250)})])
+        "exitCode": 3, "reason": "Error", "message": LOAD_ERROR, "startedAt": at(300), "finishedAt": at(250)})])
     reason, status = degraded([failed])
     assert reason == ("True", "ModelLoadFailed")
     assert message(status, "Degraded") == f"a: {LOAD_ERROR}"
     assert conditions(status)["Ready"] == ("False", "ModelLoadFailed")
     assert conditions(status)["ModelLoaded"] == ("False", "ModelLoadFailed")
     assert message(status, "ModelLoaded") == LOAD_ERROR
-    assert status["lastFailure"] == {"reason": "ModelLoadFailed", "pod": "a", "container": "worker", "exitCode": 1,
+    assert status["lastFailure"] == {"reason": "ModelLoadFailed", "pod": "a", "container": "worker", "exitCode": 3,
                                      "time": at(250), "message": LOAD_ERROR}
+
+
+@pytest.mark.parametrize(("exit_code", "expected", "meaning"), [
+    (2, "InvalidWorkerConfig", "the worker refused its configuration"),  # argparse: a usage error
+    (1, "WorkerCrashed", "the worker exited with code 1"),  # an unexpected exception
+])
+def test_only_exit_code_3_is_a_model_load_failure(exit_code: int, expected: str, meaning: str) -> None:
+    """The worker reserves exit status 3 for "this model cannot be served" (api/termination.py)."""
+    log_tail = "scorekeeper-worker: error: argument --threads: invalid value" if exit_code == 2 else "Traceback …"
+    failed = pod("a", _hash(), ready=False, containerStatuses=[worker(last={
+        "exitCode": exit_code, "reason": "Error", "message": log_tail, "startedAt": at(60), "finishedAt": at(50)})])
+    reason, status = degraded([failed])
+    assert reason == ("True", expected)
+    assert meaning in message(status, "Degraded") and log_tail in message(status, "Degraded")
+    assert conditions(status)["ModelLoaded"][1] != "ModelLoadFailed"
 
 
 def test_a_terminated_worker_not_yet_restarted_counts_too() -> None:
@@ -103,12 +132,68 @@ def test_pods_the_kubelet_threw_out_degrade_while_capacity_is_short(pod_reason: 
     assert healed["lastFailure"]["reason"] == expected  # history
 
 
+def test_an_eviction_long_ago_is_history_during_a_scale_up() -> None:
+    """Evicted pods stay behind (phase Failed) until the pod garbage collector's threshold: one from yesterday says
+    nothing about today's scale-up, whose new pods are simply loading."""
+    yesterday = pod("old", _hash(), ready=False, phase="Failed", reason="Evicted", message="low on memory",
+                    startTime=at(26 * 3600), ready_since=at(24 * 3600))
+    loading = pod("c", _hash(), ready=False, containerStatuses=[worker(restarts=0)])
+    found, status = degraded([yesterday, pod("a", _hash()), pod("b", _hash()), loading], want=3, ready=2)
+    assert found == ("False", "Healthy") and status["phase"] == "Ready"  # 2 of 3 serve: available
+    assert conditions(status)["Progressing"] == ("True", "PodsStarting") and "lastFailure" not in status
+
+
+def test_a_recent_eviction_becomes_history_once_a_replacement_could_have_started() -> None:
+    """Current while a replacement may still be on its way (the startup budget plus the scheduling deadline);
+    after that it is history, and the operator looks again at that moment (nothing else would announce it)."""
+    window = 1800 + SCHEDULING_DEADLINE_SECONDS
+    evicted = pod("old", _hash(), ready=False, phase="Failed", reason="Evicted", message="low on memory",
+                  startTime=at(7200), ready_since=at(100))
+    loading = pod("b", _hash(), ready=False, containerStatuses=[worker(restarts=0)])
+    r = rendered(replicas=1)
+    assessment = assess(desired(r, 1), Observed(rolled(r.config_hash, 1, 0), [evicted, loading]))
+    assert conditions(assessment.status)["Degraded"] == ("True", "Evicted")
+    assert assessment.recheck_in == pytest.approx(window - 100)
+    later = assess(desired(r, 1), Observed(rolled(r.config_hash, 1, 0), [evicted, loading]), assessment.status,
+                   NOW + timedelta(seconds=window))
+    assert conditions(later.status)["Degraded"] == ("False", "Healthy")
+    assert later.status["lastFailure"]["reason"] == "Evicted"  # remembered
+
+
+def test_one_oom_kill_of_a_pod_that_served_is_a_restart() -> None:
+    """Killed for memory under load, restarted, loading again: one restart, like any other, while Ready holds."""
+    restarted = pod("b", _hash(), ready=False, ready_since=at(20), containerStatuses=[worker(
+        last={"exitCode": 137, "reason": "OOMKilled", "startedAt": at(3600), "finishedAt": at(20)})])
+    found, status = degraded([pod("a", _hash()), restarted], want=2, ready=1)
+    assert found == ("False", "Healthy") and status["phase"] == "Ready"
+    assert conditions(status)["Ready"][0] == "True" and "b: Restarting" in message(status, "Progressing")
+
+
+def test_an_oom_kill_while_loading_is_a_failure() -> None:
+    """Killed before it ever served: the model does not fit its memory limit; it will not on the next try either."""
+    loading = pod("a", _hash(), ready=False, ready_since=at(400), containerStatuses=[worker(
+        last={"exitCode": 137, "reason": "OOMKilled", "startedAt": at(300), "finishedAt": at(250)})])
+    assert degraded([loading])[0] == ("True", "OOMKilled")
+
+
 def test_unschedulable_is_a_wait_until_the_deadline() -> None:
     young = unscheduled("a", _hash(), since=at(SCHEDULING_DEADLINE_SECONDS - 1))
     assert degraded([young])[0] == ("False", "Healthy")
     old = unscheduled("a", _hash(), since=at(SCHEDULING_DEADLINE_SECONDS))
     found, status = degraded([old])
     assert found == ("True", "Unschedulable") and "Insufficient nvidia.com/gpu" in message(status, "Degraded")
+
+
+def test_a_node_on_its_way_is_a_wait_past_the_deadline() -> None:
+    """GPU nodes often take longer than 600 s: while the cluster-autoscaler's newest word is that it is adding one,
+    the pod is provisioning, not failing (it says NotTriggerScaleUp or FailedScaleUp when it gives up)."""
+    waiting = unscheduled("a", _hash(), since=at(SCHEDULING_DEADLINE_SECONDS + 900))
+    events = {"a": [event("TriggeredScaleUp", "pod triggered scale-up: [{gpu-pool 0->1 (max: 2)}]",
+                          SCHEDULING_DEADLINE_SECONDS + 890, "Normal")]}
+    found, status = degraded([waiting], events=events)
+    assert found == ("False", "Healthy")
+    assert conditions(status)["Progressing"] == ("True", "PodsStarting")
+    assert "NodeProvisioning" in message(status, "Progressing")
 
 
 def test_unschedulable_is_a_failure_at_once_when_no_node_can_come() -> None:

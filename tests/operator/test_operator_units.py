@@ -7,8 +7,16 @@ from typing import Any
 
 import pytest
 from kmock_semantics import drop_unapplied, matches_fields, matches_selector, merge_patch
-from scorekeeper_operator.k8s import CHILD_KINDS, SCORING_MODELS, RejectedError, TransientApiError, _error
-from scorekeeper_operator.render.drift import contains, owned_by
+from scorekeeper_operator.cache import WatchCache
+from scorekeeper_operator.k8s import (
+    CHILD_KINDS,
+    SCORING_MODELS,
+    ForbiddenError,
+    RejectedError,
+    TransientApiError,
+    _error,
+)
+from scorekeeper_operator.render.drift import contains, left_out, owned_by
 
 DESIRED: dict[str, Any] = {"metadata": {"name": "m", "labels": {"a": "1"}},
                            "spec": {"replicas": 2, "template": {"spec": {"containers": [{"name": "w", "image": "i"}]}}}}
@@ -47,13 +55,14 @@ def test_api_paths() -> None:
 
 
 @pytest.mark.parametrize(("status", "kind"), [(400, RejectedError), (404, RejectedError), (422, RejectedError),
-                                              (403, TransientApiError), (409, TransientApiError),
+                                              (403, ForbiddenError), (409, TransientApiError),
                                               (429, TransientApiError), (500, TransientApiError),
                                               (503, TransientApiError)])
 def test_api_errors_are_classified(status: int, kind: type[Exception]) -> None:
     error = _error(status, json.dumps({"reason": "Why", "message": "what happened"}).encode())
     assert type(error) is kind and error.message == "what happened" and error.reason == "Why"
     assert type(_error(status, b"<html>proxy error</html>")) is kind
+    assert isinstance(error, TransientApiError) == (status not in (400, 404, 422))  # a 403 is retried too
 
 
 def test_merge_patch_is_rfc7386() -> None:
@@ -87,3 +96,43 @@ def test_label_selectors(selector: str, expected: bool) -> None:
 def test_field_selectors(selector: str, expected: bool) -> None:
     event = {"type": "Warning", "reason": "FailedMount", "involvedObject": {"kind": "Pod", "uid": "u1"}}
     assert matches_fields(selector, event) is expected
+
+
+def _managed(manager: str, fields: dict[str, Any]) -> dict[str, Any]:
+    return {"manager": manager, "operation": "Apply", "apiVersion": "v1", "fieldsV1": fields}
+
+
+def test_a_field_we_applied_and_no_longer_render_is_drift() -> None:
+    """Containment would miss it: the live object still contains all we render, plus what we stopped rendering."""
+    live = {"metadata": {"labels": {"a": "1", "team": "x"}, "managedFields": [
+        _managed("scorekeeper-operator", {"f:metadata": {"f:labels": {".": {}, "f:a": {}, "f:team": {}}},
+                                          "f:spec": {"f:containers": {'k:{"name":"w"}': {"f:image": {}}}}}),
+        _managed("kubectl", {"f:metadata": {"f:labels": {"f:other": {}}}})]}}
+    desired = {"metadata": {"labels": {"a": "1"}}, "spec": {"containers": [{"name": "w", "image": "i"}]}}
+    assert contains(live, {"metadata": {"labels": {"a": "1"}}}) and left_out(live, desired, "scorekeeper-operator")
+    assert not left_out(live, {**desired, "metadata": {"labels": {"a": "1", "team": "x"}}}, "scorekeeper-operator")
+    assert not left_out(live, desired, "kubectl-client-side-apply")  # another manager's fields are theirs
+
+
+def _object(name: str, version: int, instance: str = "m", **extra: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ml", "resourceVersion": str(version),
+                         "labels": {"app.kubernetes.io/instance": instance}}, **extra}
+
+
+def test_the_watch_cache_keeps_the_newest_version_and_no_ghosts() -> None:
+    cache = WatchCache()
+    cache.put("pods", _object("a", 5, phase="new"))
+    cache.put("pods", _object("a", 4, phase="stale"))  # a late event from before our own write
+    assert cache.get("pods", "ml", "a")["phase"] == "new"  # type: ignore[index]
+    cache.delete("pods", _object("a", 6))
+    cache.put("pods", _object("a", 5, phase="revived?"))  # an old event after the deletion
+    assert cache.get("pods", "ml", "a") is None
+    cache.put("pods", _object("b", 7))
+    cache.put("pods", _object("c", 8, instance="other"))
+    assert [p["metadata"]["name"] for p in cache.of_instance("pods", "ml", "m")] == ["b"]
+    cache.replace_instance("pods", "ml", "m", [_object("d", 9)])  # a fresh LIST: b is gone
+    assert [p["metadata"]["name"] for p in cache.of_instance("pods", "ml", "m")] == ["d"]
+    cache.put("pods", _object("d", 10, instance="moved"))  # relabelled: no longer this model's
+    assert cache.of_instance("pods", "ml", "m") == []
+    cache.forget_instance("ml", "other")
+    assert cache.all("pods") == [cache.get("pods", "ml", "d")]

@@ -1,7 +1,9 @@
 """Pure: does the live object already contain everything we would apply? Then applying again is pointless.
 
 The API adds defaults and other managers' fields (clusterIP, `kubectl rollout restart`'s annotation, status), so the
-test is containment, not equality: every field we render must be present with our value; extra fields are fine.
+test is containment, not equality: every field we render must be present with our value; extra fields are fine,
+except those we applied before and no longer render (a label dropped from monitoring.labels): only an apply without
+them removes them, so their presence is drift too (`left_out`, read from our entry in managedFields).
 Quantities are compared by value: the API stores `0.5` as `500m` and `1.5Gi` as `1536Mi`.
 """
 
@@ -39,6 +41,26 @@ def applies_field(obj: dict[str, Any], manager: str, path: tuple[str, ...]) -> b
         if fields is not None:
             return True
     return False
+
+
+def _extra_fields(owned: dict[str, Any], desired: Any) -> bool:
+    """Does the fieldsV1 set `owned` name a map key that `desired` lacks? Only `f:` (map) keys are followed: list
+    entries (`k:`, `v:`, `i:`) are compared element-wise by `contains`, since our lists are complete."""
+    for key, sub in owned.items():
+        if not key.startswith("f:"):
+            continue
+        if not isinstance(desired, dict) or key[2:] not in desired:
+            return True
+        if isinstance(sub, dict) and isinstance(desired[key[2:]], dict) and _extra_fields(sub, desired[key[2:]]):
+            return True
+    return False
+
+
+def left_out(obj: dict[str, Any], desired: dict[str, Any], manager: str) -> bool:
+    """Does `manager` still own, through server-side apply, a field that `desired` no longer has?"""
+    return any(_extra_fields(entry.get("fieldsV1") or {}, desired)
+               for entry in obj.get("metadata", {}).get("managedFields") or []
+               if entry.get("manager") == manager and entry.get("operation") == "Apply")
 
 
 def owned_by(obj: dict[str, Any], uid: str) -> bool:

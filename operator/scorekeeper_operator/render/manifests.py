@@ -22,9 +22,9 @@ KIND = "ScoringModel"
 MANAGED_BY = "scorekeeper-operator"
 MANAGED_SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"  # on every child and worker pod
 CONFIG_HASH_ANNOTATION = "scorekeeper.dev/config-hash"
-# On the Deployment (not its pods): the operator's default worker image it runs, when spec.image is empty. A new
-# default then rolls out gradually (image_rollout.py); an image the spec names never changes with the default.
-DEFAULT_IMAGE_ANNOTATION = "scorekeeper.dev/default-worker-image"
+# On the Deployment (not its pods, so writing it rolls nothing): the ScoringModel generation it was rendered from. A
+# template change at the same generation is the operator's, and is paced (pacing.py); a spec change is not.
+GENERATION_ANNOTATION = "scorekeeper.dev/generation"
 # Kinds that exist only for some specs; when a spec stops wanting one, the reconciler deletes it.
 OPTIONAL_KINDS = ("PodDisruptionBudget", "HorizontalPodAutoscaler", "ServiceMonitor", "NetworkPolicy", "ScaledObject")
 
@@ -110,13 +110,9 @@ def deployment(model: ScoringModel, meta: dict[str, Any], template: dict[str, An
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": spec}
 
 
-def render(model: ScoringModel, settings: OperatorSettings, *, service_monitor_api: bool, keda_api: bool = False,
-           worker_image: str | None = None) -> Rendered:
-    """Every child this ScoringModel should have right now, in apply order (ConfigMap before the pods need it).
-
-    `worker_image`: the default image this model may run now (image_rollout.py holds a new default back while the
-    rollout budget is used up); None: spec.image, else the operator's default.
-    """
+def render(model: ScoringModel, settings: OperatorSettings, *, service_monitor_api: bool,
+           keda_api: bool = False) -> Rendered:
+    """Every child this ScoringModel should have right now, in apply order (ConfigMap before the pods need it)."""
     labels = common_labels(model.name)
 
     def meta() -> dict[str, Any]:
@@ -124,15 +120,13 @@ def render(model: ScoringModel, settings: OperatorSettings, *, service_monitor_a
                 "ownerReferences": [owner_reference(model)]}
 
     selector = selector_labels(model.name)
-    image = model.spec.image or worker_image or settings.worker_image
+    image = model.spec.image or settings.worker_image
     configmap = render_children.configmap(model, meta())
     template = render_pod.pod_template(model, settings, dict(labels), selector, image)
     config_hash = _config_hash(template, configmap)
     template["metadata"]["annotations"] = {**template["metadata"].get("annotations", {}),
                                            CONFIG_HASH_ANNOTATION: config_hash}
-    deployment_meta = meta()
-    if not model.spec.image:
-        deployment_meta["annotations"] = {DEFAULT_IMAGE_ANNOTATION: image}
+    deployment_meta = {**meta(), "annotations": {GENERATION_ANNOTATION: str(model.generation)}}
     service = render_children.service(meta(), selector)
     manifests = [configmap, service, deployment(model, deployment_meta, template)]
     if _wants_pdb(model):

@@ -6,13 +6,17 @@ the worker's real parser, so a renamed flag fails CI, not a rollout.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from scorekeeper_operator.spec.model import ScoringModel
+from scorekeeper_operator.spec.model import Quantization, ScoringModel
+from scorekeeper_operator.spec.quantity import parse_quantity
 from scorekeeper_operator.spec.worker_contract import (
     API_KEY_PATH,
     BUILTIN_PROMPT_TEMPLATES,
     CONFIG_PATH,
+    DECISION_TEMPLATE_FILE,
+    DECISION_TEMPLATE_PATH,
     METRICS_PORT,
     MODEL_MOUNT,
     PROMPT_TEMPLATE_FILE,
@@ -35,6 +39,18 @@ def model_path(uri: str, commit: str | None = None) -> str:
         org, name, *file = rest.split("/", 2)
         return "/".join([hf_snapshot_dir(f"{org}/{name}", commit), *file])
     return rest  # file:///path → "/path"
+
+
+def pod_cpu(model: ScoringModel) -> str | None:
+    """The CPUs the worker pod may use: its CPU limit, else its request. The operator renders a request only (no CPU
+    limit: throttling a tokenizer-bound worker adds latency), so this is resources.cpu."""
+    return model.spec.resources.cpu
+
+
+def cpu_threads(cpu: str | None) -> int | None:
+    """--threads for a pod of `cpu` CPUs: whole CPUs, rounded down, at least 1; None (the worker's `auto`: the cgroup
+    quota and the affinity mask) when the pod names none."""
+    return None if cpu is None else max(1, math.floor(parse_quantity(cpu)))
 
 
 def worker_config(model: ScoringModel) -> dict[str, Any]:
@@ -72,14 +88,28 @@ def worker_config(model: ScoringModel) -> dict[str, Any]:
         config["prompt_template"] = template if template in BUILTIN_PROMPT_TEMPLATES else PROMPT_TEMPLATE_PATH
     if spec.scoring.label_tokens is not None:
         config["label_tokens"] = list(spec.scoring.label_tokens)
+    if (threads := cpu_threads(pod_cpu(model))) is not None:
+        config["threads"] = threads
+    config["quantization"] = spec.scoring.quantization.value
+    certificate = spec.scoring.quantization_certificate
+    if spec.scoring.quantization is Quantization.INT8 and certificate is not None:
+        config.update({f"quantization_{name}": value for name, value in certificate.model_dump().items()
+                       if value is not None})
+    if spec.scoring.decisions.template is not None:
+        config["decision_template"] = DECISION_TEMPLATE_PATH
     return config
 
 
 def config_files(model: ScoringModel) -> dict[str, str]:
-    """Files beside the config file in the worker's ConfigMap: a prompt template given as text, byte for byte."""
+    """Files beside the config file in the worker's ConfigMap: a prompt template and a decision template given as
+    text, byte for byte."""
+    files: dict[str, str] = {}
     template = model.spec.scoring.prompt_template
-    return {PROMPT_TEMPLATE_FILE: template} if template is not None and template not in BUILTIN_PROMPT_TEMPLATES \
-        else {}
+    if template is not None and template not in BUILTIN_PROMPT_TEMPLATES:
+        files[PROMPT_TEMPLATE_FILE] = template
+    if model.spec.scoring.decisions.template is not None:
+        files[DECISION_TEMPLATE_FILE] = model.spec.scoring.decisions.template
+    return files
 
 
 def _flag(name: str) -> str:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from scorekeeper_operator.spec.base import Spec
 from scorekeeper_operator.spec.pod import NetworkPolicy, PodOptions
-from scorekeeper_operator.spec.quantity import QUANTITY_PATTERN
+from scorekeeper_operator.spec.quantity import QUANTITY_PATTERN, quantities_as_strings
 from scorekeeper_operator.spec.worker_contract import BUILTIN_PROMPT_TEMPLATES, RESERVED_FLAGS
 
 _URI = re.compile(r"^(?P<scheme>pvc|hf|file)://(?P<rest>.+)$")
@@ -25,6 +25,8 @@ _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _HF_PATH = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*(/[^/].*\.gguf)?$")
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 DEFAULT_DOWNLOAD_SIZE_LIMIT = "20Gi"
+INT8_ON_GPU_MESSAGE = ("scoring.quantization int8 runs the model on CPU: it needs resources.gpu.count 0 (on a GPU,"
+                       " use model.dtype bfloat16 or float16)")
 GPU_COUNT_MESSAGE = ("resources.gpu.count must be 0 or 1: a worker runs its model on one GPU, so every further GPU"
                      " would be reserved and idle; scale out with replicas (one GPU each) instead")
 
@@ -75,10 +77,7 @@ class ModelSource(Spec):
     @model_validator(mode="before")
     @classmethod
     def _size_as_string(cls, data: Any) -> Any:
-        # int-or-string in the CRD, like every quantity
-        if isinstance(data, dict) and isinstance(data.get("downloadSizeLimit"), int):
-            return {**data, "downloadSizeLimit": str(data["downloadSizeLimit"])}
-        return data
+        return quantities_as_strings(data, ("downloadSizeLimit",))
 
     @property
     def scheme(self) -> str:
@@ -137,6 +136,24 @@ class PooledHiddenStates(StrEnum):
     FORBIDDEN = "forbidden"
 
 
+class Quantization(StrEnum):
+    NONE = "none"
+    INT8 = "int8"  # CPU only; the worker starts only with an accuracy certificate against float32
+
+
+class QuantizationCertificate(Spec):
+    """The worker's certificate thresholds (--quantization-min-spearman, ...); unset: the worker's defaults."""
+
+    min_spearman: float | None = Field(None, ge=-1, le=1)
+    max_score_delta: float | None = Field(None, gt=0)
+    min_top10: float | None = Field(None, ge=0, le=1)
+
+
+class Decisions(Spec):
+    # /v1/decisions: the prompt template text that replaces the worker's built-in one (written into the ConfigMap).
+    template: str | None = Field(None, min_length=1, max_length=65536)
+
+
 # Rendered into the worker's comma-separated --label-tokens, hence no commas (the CRD's pattern says the same).
 LabelToken = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^,]+$")]
 
@@ -151,9 +168,14 @@ class Scoring(Spec):
     # A built-in template's name, or the template text itself (written into the worker's ConfigMap).
     prompt_template: str | None = Field(None, min_length=1, max_length=65536)
     label_tokens: tuple[LabelToken, ...] | None = Field(None, min_length=1, max_length=64)
+    quantization: Quantization = Quantization.NONE
+    quantization_certificate: QuantizationCertificate | None = None
+    decisions: Decisions = Decisions()
 
     @model_validator(mode="after")
     def _prompt(self) -> Self:
+        if self.quantization_certificate is not None and self.quantization is not Quantization.INT8:
+            raise ValueError("scoring.quantizationCertificate applies only to scoring.quantization int8")
         template = self.prompt_template
         if template is not None and template not in BUILTIN_PROMPT_TEMPLATES and \
                 (template.count("{item}") != 1 or template.count("{query}") != 1):
@@ -201,10 +223,7 @@ class Resources(Spec):
     @model_validator(mode="before")
     @classmethod
     def _quantities_as_strings(cls, data: Any) -> Any:
-        # int-or-string in the CRD; the API and the kubernetes client want quantities as strings
-        if isinstance(data, dict):
-            return {k: str(v) if k in ("cpu", "memory") and isinstance(v, int) else v for k, v in data.items()}
-        return data
+        return quantities_as_strings(data, ("cpu", "memory"))
 
 
 class AutoscalerProvider(StrEnum):
@@ -278,6 +297,12 @@ class ScoringModelSpec(Spec):
     pod: PodOptions = PodOptions()
     network_policy: NetworkPolicy = NetworkPolicy()
     auth: Auth = Auth()
+
+    @model_validator(mode="after")
+    def _int8_on_cpu(self) -> Self:
+        if self.scoring.quantization is Quantization.INT8 and self.uses_gpu:
+            raise ValueError(INT8_ON_GPU_MESSAGE)
+        return self
 
     @model_validator(mode="after")
     def _extra_args(self) -> Self:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 from decimal import ROUND_CEILING, Decimal, localcontext
+from typing import Any
 
 # The grammar of quantity.go (parseQuantityString + the suffixer), without the sign: requests and limits cannot be
 # negative. `K` is not a suffix (only `k` and `Ki`); `1.` and `.5` are numbers; an exponent may carry a sign.
@@ -17,6 +18,15 @@ _QUANTITY = re.compile(QUANTITY_PATTERN)
 _DECIMAL_SUFFIXES = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 _NANO = Decimal("1e-9")
 _MAX = Decimal(2**63 - 1)  # quantity.go's maxAllowed: larger values are capped
+
+
+def quantities_as_strings(data: Any, keys: tuple[str, ...]) -> Any:
+    """The CRD takes a quantity as a string or as a YAML number (`cpu: 1.5`, as a Deployment does); the API and the
+    kubernetes client want strings. A boolean stays what it is, and fails the pattern."""
+    if not isinstance(data, dict):
+        return data
+    return {k: str(v) if k in keys and isinstance(v, int | float) and not isinstance(v, bool) else v
+            for k, v in data.items()}
 
 
 def parse_quantity(text: str) -> Decimal:

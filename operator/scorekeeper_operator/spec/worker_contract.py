@@ -19,6 +19,9 @@ CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
 # spec.scoring.promptTemplate given as text: written into the same ConfigMap, so the pod reads it at this path.
 PROMPT_TEMPLATE_FILE = "prompt-template.txt"
 PROMPT_TEMPLATE_PATH = f"{CONFIG_DIR}/{PROMPT_TEMPLATE_FILE}"
+# spec.scoring.decisions.template: written into the same ConfigMap, passed as --decision-template.
+DECISION_TEMPLATE_FILE = "decision-template.txt"
+DECISION_TEMPLATE_PATH = f"{CONFIG_DIR}/{DECISION_TEMPLATE_FILE}"
 # The worker's built-in templates (worker/scorekeeper_worker/model/prompt_template.py BUILTIN; a test keeps them equal).
 BUILTIN_PROMPT_TEMPLATES = ("qwen3-reranker",)
 
@@ -31,6 +34,8 @@ RESERVED_FLAGS: tuple[str, ...] = (
     "--multi-item-scoring", "--no-multi-item-scoring", "--multi-item-scoring-delimiter",
     "--cuda-graph", "--no-cuda-graph", "--cuda-graph-token-buckets", "--cuda-graph-max-tokens",
     "--cuda-graph-max-seqs", "--drain-timeout-seconds", "--metrics-port", "--api-key-file",
+    "--threads", "--quantization", "--quantization-min-spearman", "--quantization-max-score-delta",
+    "--quantization-min-top10", "--decision-template",
 )
 
 

@@ -3,10 +3,12 @@
 Modelled on the Deployment controller's conditions, so that status does not flap during normal operation:
 - Available: at least the guaranteed replicas minus the disruption the PDB allows serve (any revision). Guaranteed
   is `replicas`, or with autoscaling `minReplicas`: pods the HPA adds are capacity on its way, not missing.
-- Ready: Available, and the current configuration is rolled out (no pod of an older revision left). So an HPA
-  scale-up, one pod restarting, or a node being added leaves Ready alone; a spec change is Ready once rolled out.
+- Ready: follows Available (pods of an older revision that still serve count), except while the spec cannot be
+  served (ConfigValid=False). So an HPA scale-up, one pod restarting, a node being added or a rollout leaves Ready
+  alone; whether the rollout is done is Progressing's business.
 - Progressing: a rollout or pods starting (scale-up, restart); False when complete or past the progress deadline.
-- Degraded: a pod fails in a way that needs a human (status_pods.SEVERITY), with a specific reason and message.
+- Degraded: a pod fails now in a way that needs a human (pods.SEVERITY), with a specific reason and message; history
+  (an eviction long ago, one restart of a pod that served) is lastFailure, not Degraded.
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ class Desired:
     min_replicas: int | None = None  # with autoscaling: the guaranteed capacity
     startup_seconds: int = 1800
     model_source: dict[str, str] | None = None  # status.model: the hf:// revision and the commit it resolved to
-    pending_image: str | None = None  # a newer default worker image this model waits to roll out
+    # A model waiting for a rollout slot (pacing.py): the configuration it waits to roll out, and its image if another
+    pending_config_hash: str | None = None
+    pending_image: str | None = None
 
 
 @dataclass(frozen=True)
@@ -136,10 +140,11 @@ def compute_status(desired: Desired, observed: Observed, previous: dict[str, Any
                         now=now, startup_seconds=desired.startup_seconds,
                         scheduling_deadline=SCHEDULING_DEADLINE_SECONDS)
               for p in observed.pods if not p["metadata"].get("deletionTimestamp")]
-    # A pod the kubelet evicted or refused stays behind as phase Failed; its replacement is another pod. It matters
-    # while capacity is short (the replacement is not serving yet), then it is history (lastFailure).
-    pod_failures = sorted((s.failure for s in states if s.failure is not None and (ready < want or not s.terminal)),
-                          key=lambda f: f.severity)
+    # A pod the kubelet evicted or refused stays behind as phase Failed (for days); its replacement is another pod.
+    # It matters while capacity is short and a replacement may still be on its way, then it is history (lastFailure).
+    recent = [s for s in states if s.terminal and (s.current_for is None or s.current_for > 0)]
+    pod_failures = sorted((s.failure for s in states if s.failure is not None
+                           and (not s.terminal or (ready < want and s in recent))), key=lambda f: f.severity)
     dep_failure = _deployment_failure(dep)
     failures = [*pod_failures, *([dep_failure] if dep_failure else [])]
     worst = failures[0] if failures else None
@@ -156,13 +161,16 @@ def compute_status(desired: Desired, observed: Observed, previous: dict[str, Any
         ready_state = (False, "DeploymentMissing", "the worker Deployment does not exist yet")
     elif want == 0:
         ready_state = (False, "ScaledToZero", "replicas is 0: nothing serves requests")
-    elif available and rolled_out:
+    elif available:  # Ready follows Available: old pods that still serve are capacity; the rollout is Progressing's
         reason = "AllReplicasReady" if ready >= want else "MinimumReplicasAvailable"
-        ready_state = (True, reason, f"{counts} on the current configuration")
+        rollout = "on the current configuration" if rolled_out \
+            else f"; rolling out: {updated if current else 0} of {want} pods run the current configuration"
+        ready_state = (True, reason, f"{counts} {rollout}".replace(" ;", ";"))
     elif worst is not None:
         ready_state = (False, worst.reason, f"{worst.pod}: {worst.message}")
     elif not rolled_out:
-        ready_state = (False, "RollingOut", f"{updated} of {want} pods run the current configuration")
+        ready_state = (False, "RollingOut", f"{updated if current else 0} of {want} pods run the current"
+                                            " configuration")
     else:
         ready_state = (False, "WaitingForReadyReplicas", f"{counts}; {pods_note}".rstrip("; "))
 
@@ -215,10 +223,14 @@ def compute_status(desired: Desired, observed: Observed, previous: dict[str, Any
         status.update({k: previous[k] for k in ("workerArgs", "workerImage") if previous.get(k)})
     if desired.model_source:
         status["model"] = desired.model_source
+    if desired.pending_config_hash:
+        status["pendingConfigHash"] = desired.pending_config_hash
     if desired.pending_image:
         status["pendingWorkerImage"] = desired.pending_image
     failure = last_failure(pod_failures, previous.get("lastFailure"))
     if failure is not None:
         status["lastFailure"] = failure if failure.get("time") else {**failure, "time": stamp}
     deadlines = [s.wait.deadline_in for s in states if s.wait is not None and s.wait.deadline_in is not None]
+    if ready < want:  # a recent eviction turns into history with no event to say so
+        deadlines += [s.current_for for s in recent if s.current_for is not None]
     return Assessment(status, min(deadlines, default=None), any(s.wait is not None for s in states))

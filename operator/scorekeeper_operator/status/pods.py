@@ -15,8 +15,13 @@ from typing import Any
 from scorekeeper_operator.status.events import PodEvents
 
 WORKER_CONTAINER = "worker"
+# Containers that run the worker's own code against the model and exit 3 when it cannot be served (the worker's
+# api/termination.py; the check-model init container says the same of a path that is not there).
+MODEL_CONTAINERS = frozenset({WORKER_CONTAINER, "check-model"})
+EXIT_MODEL_UNSERVABLE = 3  # 2 is a command-line error (argparse), 1 an unexpected crash
 # Most severe first: the Degraded reason is the most severe failure found on any pod.
-SEVERITY = ("ModelLoadFailed", "OOMKilled", "StartupProbeTimeout", "CrashLoopBackOff", "ImagePullBackOff",
+SEVERITY = ("ModelLoadFailed", "InvalidWorkerConfig", "WorkerCrashed", "OOMKilled", "StartupProbeTimeout",
+            "CrashLoopBackOff", "ImagePullBackOff",
             "ErrImagePull", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError",
             "RunContainerError", "MultiAttach", "FailedAttachVolume", "FailedMount", "UnexpectedAdmissionError",
             "Evicted", "PodFailed", "Unschedulable", "ProgressDeadlineExceeded")
@@ -67,6 +72,9 @@ class PodState:
     terminal: bool  # phase Failed: evicted or refused by the kubelet; its replacement is another pod
     failure: PodFailure | None = None
     wait: PodWait | None = None
+    # A terminal pod's failure explains missing capacity only until a replacement could have started: the seconds
+    # left until then (None: the failure time is unknown, so it stays current).
+    current_for: float | None = None
 
 
 def _parse_time(value: str | None) -> datetime | None:
@@ -99,6 +107,18 @@ def _run_seconds(run: dict[str, Any]) -> float:
     return (finished - started).total_seconds() if started and finished else 0.0
 
 
+def _exit_failure(run: dict[str, Any], podname: str, container: str) -> PodFailure:
+    """A worker run that ended by itself before it was ready, named by its exit status."""
+    exit_code, said = run["exitCode"], run.get("message") or ""
+    if exit_code == EXIT_MODEL_UNSERVABLE:  # the worker's own verdict on the model: its termination message
+        reason, text = "ModelLoadFailed", said or "the worker exited with code 3: the model cannot be served"
+    elif exit_code == 2:
+        reason, text = "InvalidWorkerConfig", f"the worker refused its configuration (exit code 2): {said}"
+    else:
+        reason, text = "WorkerCrashed", f"the worker exited with code {exit_code} before it was ready: {said}"
+    return PodFailure(reason, _trim(text.rstrip(": ")), podname, container, exit_code, run.get("finishedAt"))
+
+
 def _container_failure(pod: dict[str, Any], status: dict[str, Any], events: PodEvents,
                        startup_seconds: int) -> PodFailure | None:
     if status.get("ready"):
@@ -109,7 +129,10 @@ def _container_failure(pod: dict[str, Any], status: dict[str, Any], events: PodE
     run = state.get("terminated") or (status.get("lastState") or {}).get("terminated") or {}
     exit_code, finished = run.get("exitCode"), run.get("finishedAt")
     restarts = status.get("restartCount", 0)
-    if run.get("reason") == "OOMKilled":
+    served = bool(run) and _served_during(pod, run)
+    # A run that served and was killed for memory is one restart; killed while loading (the model does not fit) or
+    # again and again (a crash loop), it is the failure.
+    if run.get("reason") == "OOMKilled" and (not served or waiting.get("reason") == "CrashLoopBackOff"):
         return PodFailure("OOMKilled", f"container {name} was killed for exceeding its memory limit"
                           f" (restarts: {restarts}); raise resources.memory", podname, name, exit_code, finished)
     if waiting.get("reason") in _WAITING_FAILURES:
@@ -117,10 +140,9 @@ def _container_failure(pod: dict[str, Any], status: dict[str, Any], events: PodE
         if run:
             message += f"; last exit code {exit_code} ({run.get('reason', 'Error')})"
         return PodFailure(waiting["reason"], _trim(message), podname, name, exit_code, finished)
-    if run and exit_code and not _served_during(pod, run):
-        if name == WORKER_CONTAINER and exit_code < 128:  # the worker gave up by itself: its termination message
-            text = run.get("message") or f"the worker exited with code {exit_code} before it was ready"
-            return PodFailure("ModelLoadFailed", _trim(text), podname, name, exit_code, finished)
+    if run and exit_code and not served:
+        if name in MODEL_CONTAINERS and exit_code < 128:  # it gave up by itself; a kill is >= 128
+            return _exit_failure(run, podname, str(name))
         if name == WORKER_CONTAINER and (events.startup_probe_kill or _run_seconds(run) >= startup_seconds):
             return PodFailure("StartupProbeTimeout", f"model load and warm-up took longer than"
                               f" rollout.maxStartupSeconds ({startup_seconds}s) and kubelet restarted the worker"
@@ -136,13 +158,24 @@ def _container_failure(pod: dict[str, Any], status: dict[str, Any], events: PodE
     return None
 
 
+def _failed_at(pod: dict[str, Any]) -> str | None:
+    """When a pod in phase Failed failed: its conditions' last transitions (Ready turns False, DisruptionTarget turns
+    True at an eviction), its containers' ends; else when it started. ISO 8601 in UTC sorts as text."""
+    status = pod.get("status") or {}
+    moments = [c.get("lastTransitionTime") for c in status.get("conditions") or []]
+    moments += [((c.get("state") or {}).get("terminated") or {}).get("finishedAt")
+                for c in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]]
+    found = [m for m in moments if m]
+    return max(found) if found else status.get("startTime")
+
+
 def _terminal_failure(pod: dict[str, Any]) -> PodFailure:
     status, name = pod.get("status") or {}, pod["metadata"]["name"]
     reason = status.get("reason") or "Failed"
     message = _trim(status.get("message") or reason)
     if reason in ("Evicted", "UnexpectedAdmissionError"):
-        return PodFailure(reason, message, name, time=status.get("startTime"))
-    return PodFailure("PodFailed", f"{reason}: {message}", name, time=status.get("startTime"))
+        return PodFailure(reason, message, name, time=_failed_at(pod))
+    return PodFailure("PodFailed", f"{reason}: {message}", name, time=_failed_at(pod))
 
 
 def _scheduling(pod: dict[str, Any], events: PodEvents, now: datetime, deadline: float) -> PodFailure | PodWait:
@@ -154,12 +187,11 @@ def _scheduling(pod: dict[str, Any], events: PodEvents, now: datetime, deadline:
         return PodFailure("Unschedulable", _trim(f"{message}; the cluster-autoscaler cannot add a node:"
                                                  f" {events.no_scale_up}"), name, time=scheduled.get(
                                                      "lastTransitionTime"))
+    if events.scale_up is not None:  # no deadline of ours: GPU nodes take long, and the autoscaler says if it fails
+        return PodWait("NodeProvisioning", _trim(f"a node is being added: {events.scale_up}"), name)
     if waited >= deadline:
         return PodFailure("Unschedulable", _trim(f"{message} (for {waited / 60:.0f} min)"), name,
                           time=scheduled.get("lastTransitionTime"))
-    if events.scale_up is not None:
-        return PodWait("NodeProvisioning", _trim(f"a node is being added: {events.scale_up}"), name,
-                       deadline - waited)
     return PodWait("Scheduling", _trim(message), name, deadline - waited)
 
 
@@ -169,7 +201,13 @@ def pod_state(pod: dict[str, Any], events: PodEvents, config_hash_key: str, *, n
     config_hash = (meta.get("annotations") or {}).get(config_hash_key)
     state = PodState(meta["name"], config_hash, ready=is_ready(pod), terminal=status.get("phase") == "Failed")
     if state.terminal:
-        return replace(state, failure=_terminal_failure(pod))
+        failure = _terminal_failure(pod)
+        failed_at = _parse_time(failure.time)
+        # A replacement may take the scheduling deadline to be placed and the startup budget to load: until then
+        # the failure explains missing capacity; after that it is history (an eviction yesterday is not today's).
+        current_for = None if failed_at is None \
+            else startup_seconds + scheduling_deadline - (now - failed_at).total_seconds()
+        return replace(state, failure=failure, current_for=current_for)
     if state.ready:
         return state
     if _condition(pod, "PodScheduled").get("reason") == "Unschedulable":
