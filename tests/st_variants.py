@@ -42,6 +42,7 @@ class Variant:
     max_seq_length: int | None = None
     normalize: bool = False
     similarity: str | None = None  # similarity_fn_name; None: cosine
+    truncate_dim: int | None = None  # embeddings cut to their first values
     legacy_pooling: bool = False  # rewrite 1_Pooling/config.json with the classic pooling_mode_* flags
     # Rewrite sentence_bert_config.json the classic way ({"max_seq_length", "do_lower_case"}; the tokenizer keeps
     # its own model_max_length), as Qwen3-Embedding and MiniLM ship it.
@@ -61,7 +62,7 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("bert-max-length-tokenizer", TinyModel.BERT_EMBED, max_seq_length=40, normalize=True),
     Variant("bert-max-length-legacy", TinyModel.BERT_EMBED, max_seq_length=40, legacy_transformer=True,
             legacy_pooling=True, prompts=_PROMPTS, default_prompt_name="query"),
-    Variant("bert-dot", TinyModel.BERT_EMBED, similarity="dot"),
+    Variant("bert-dot-truncated", TinyModel.BERT_EMBED, similarity="dot", truncate_dim=16),
     Variant("xlmr-cls-euclidean", TinyModel.XLMR_EMBED, pooling="cls", similarity="euclidean",
             prompts=_PROMPTS, default_prompt_name="document"),
     Variant("qwen3-embedding", TinyModel.QWEN3_EMBED, pooling="lasttoken", normalize=True,
@@ -87,7 +88,7 @@ def _save(variant: Variant, base: Path, out: Path) -> None:
         modules.append(Normalize())
     encoder = SentenceTransformer(modules=modules, device="cpu", prompts=dict(variant.prompts),
                                   default_prompt_name=variant.default_prompt_name,
-                                  similarity_fn_name=variant.similarity)
+                                  similarity_fn_name=variant.similarity, truncate_dim=variant.truncate_dim)
     encoder.save(str(out), create_model_card=False)
     transformer_config = json.loads((out / "sentence_bert_config.json").read_text())
     if variant.legacy_transformer:

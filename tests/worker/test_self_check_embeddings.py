@@ -76,7 +76,8 @@ def _sabotaged(model: ScoringModel, **sentence_config: Any) -> ScoringModel:
     ("bert-default-prompt", lambda m: _sabotaged(m, default_prompt_name=None)),
     ("bert-prompt-excluded", lambda m: _sabotaged(m, include_prompt=True)),
     ("bert-max-length-tokenizer", lambda m: dataclasses.replace(m, max_positions=512)),
-    ("bert-dot", lambda m: _sabotaged(m, similarity=Similarity.COSINE)),
+    ("bert-dot-truncated", lambda m: _sabotaged(m, similarity=Similarity.COSINE)),
+    ("bert-dot-truncated", lambda m: _sabotaged(m, truncate_dim=None)),
 ])
 def test_the_self_check_catches_a_wrong_reading(name: str, sabotage: Callable[[ScoringModel], ScoringModel],
                                                 directory: Callable[[str], Path]) -> None:

@@ -113,6 +113,14 @@ def test_a_request_picks_a_named_prompt(name: str, prompt_name: str, variant: Ca
                                _encoder(path).encode(TEXTS, prompt_name=prompt_name), rtol=RTOL, atol=ATOL)
 
 
+def test_truncate_dim_is_the_embeddings_dimension(variant: Callable[[str], Path],
+                                                 server_for: Callable[..., RunningServer]) -> None:
+    server = server_for(variant("bert-dot-truncated"))
+    assert len(_post(server, "/v1/embeddings", {"input": "a", "dimensions": 16})["data"][0]["embedding"]) == 16
+    error = _post(server, "/v1/embeddings", {"input": "a", "dimensions": 32}, 400)
+    assert error["message"].startswith("dimensions: this model's embeddings have 16 dimensions")
+
+
 def test_an_unknown_prompt_name_is_a_400_naming_the_prompts(variant: Callable[[str], Path],
                                                             server_for: Callable[..., RunningServer]) -> None:
     server = server_for(variant("bert-default-prompt"))

@@ -139,8 +139,8 @@ def _check_modules(modules: list[dict[str, Any]], kind: ModelKind) -> None:
         if name not in allowed:
             raise UnsupportedModel(f"sentence-transformers module {module.get('type')!r} ({module.get('path')}) is "
                                    f"not applied by the engine; supported: {list(allowed)}")
-    if types not in ([], ["Transformer"], ["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]) or \
-            (types and modules[0].get("path", "") != "") or (kind == ModelKind.EMBEDDING and types == ["Transformer"]):
+    pipelines = [[], list(_MODULES[:2]), list(_MODULES)] if kind == ModelKind.EMBEDDING else [[], list(_MODULES[:1])]
+    if types not in pipelines or (types and modules[0].get("path", "") != ""):
         raise UnsupportedModel(f"modules.json: {types} is not a pipeline the engine implements (the model's own "
                                "directory as the Transformer, then Pooling, then optionally Normalize)")
 

@@ -233,10 +233,12 @@ def _template_rows(model: ScoringModel, executor: Executor, multi_item: bool) ->
 
 def deviation(engine: Rows, reference: Rows) -> float:
     """max |engine - reference| / max(1, max |reference|) over every score; infinite if any score is not finite
-    (a model that overflows cannot be served either way)."""
-    pairs = [(e, r) for e_rows, r_rows in zip(engine, reference, strict=True)
-             for e_row, r_row in zip(e_rows, r_rows, strict=True) for e, r in zip(e_row, r_row, strict=True)]
-    if not all(math.isfinite(e) and math.isfinite(r) for e, r in pairs):
+    (a model that overflows cannot be served either way) or a row has another length (an embedding's dimension)."""
+    rows = [(e_row, r_row) for e_rows, r_rows in zip(engine, reference, strict=True)
+            for e_row, r_row in zip(e_rows, r_rows, strict=True)]
+    pairs = [(e, r) for e_row, r_row in rows for e, r in zip(e_row, r_row, strict=False)]
+    if any(len(e_row) != len(r_row) for e_row, r_row in rows) or \
+            not all(math.isfinite(e) and math.isfinite(r) for e, r in pairs):
         return math.inf
     scale = max([1.0, *(abs(r) for _, r in pairs)])
     return max(abs(e - r) for e, r in pairs) / scale
