@@ -34,9 +34,10 @@ on the same weights (the self-check, [operations.md](operations.md#start-up-self
 
 The kind comes from `config.architectures[0]` (the class the checkpoint was saved with). A checkpoint is also refused
 when transformers would initialise any parameter at random or could not load it as saved (missing, mismatched, or a
-head stored under other names, e.g. a `*ForRewardModel` head), and when its sentence-transformers modules would change
-the embedding beyond pooling (Dense layers, max pooling). The head column lists the model's own modules, applied in
-order to the pooled rows; "(sequence)" marks a module that reads the first token of a sequence.
+head stored under other names, e.g. a `*ForRewardModel` head), and when its sentence-transformers configuration asks
+for anything the engine does not implement (Dense layers, max pooling, a chat-template modality, ...: the file and key
+are named). The head column lists the model's own modules, applied in order to the pooled rows; "(sequence)" marks a
+module that reads the first token of a sequence.
 """
 
 KIND_NAMES = {"causal_lm": "causal LM (label tokens)", "classifier": "classifier / reward",
@@ -57,9 +58,20 @@ NOTES = """
 - **ModernBERT** cross-encoders pool by `config.classifier_pooling` (`cls` or `mean`) and apply `head`, `drop` and
   `classifier`; its global and local (sliding-window) layers and rotary positions restart for every sequence of a
   packed batch. Its pair template (`[CLS] query [SEP] item [SEP]`) comes from the tokenizer.
-- **Embedding models** pool as their sentence-transformers `1_Pooling/config.json` says (CLS, mean or last token);
-  without one, encoders mean-pool and decoders take the last token. A `Normalize` module is allowed (cosine scores do
-  not change); any other module is refused.
+- **Embedding models** are served as `SentenceTransformer(path)` applies its configuration
+  (`model/sentence_transformers.py`, as sentence-transformers 6.2 reads it): the pooling of `1_Pooling/config.json`
+  in either format (the classic `pooling_mode_*_tokens` flags or 6.2's `pooling_mode`: `cls`, `mean` or `lasttoken`)
+  with `include_prompt`; without one, encoders mean-pool and decoders take the last token. `prompts` and
+  `default_prompt_name` (config_sentence_transformers.json) prepend the prompt to every text (a request may name
+  another, /v1/embeddings `prompt_name`); `max_seq_length` from sentence_bert_config.json or, as 6.x saves it, the
+  tokenizer's `model_max_length`; `do_lower_case`; `Normalize`; `similarity_fn_name` (cosine, dot, euclidean,
+  manhattan) and `truncate_dim`. A checkpoint whose `config.architectures` names a causal LM (Qwen3-Embedding's
+  `Qwen3ForCausalLM`) is an embedding model when its directory holds a sentence-transformers pipeline with a Pooling
+  module, and a causal LM otherwise. Any other module, pooling mode or setting is refused, naming the file and key.
+- **Cross-encoders** rerank with the activation sentence-transformers' CrossEncoder applies to a single logit:
+  `activation_fn` from config_sentence_transformers.json, config.json's `sentence_transformers`, or
+  `sbert_ce_default_activation_function` (sigmoid, identity or tanh; sigmoid by default). Multi-label classifiers
+  (`problem_type: multi_label_classification`) get a sigmoid per class under `apply_softmax`.
 - **Refused, among others:** DistilBERT (its classifier runs `pre_classifier` and ReLU before the classifier and no
   tiny model covers it yet), `*ForRewardModel` remote-code classes, any architecture not in the table.
 """
@@ -73,8 +85,14 @@ def _head(kind: KindSupport) -> str:
     if kind.kind == "causal_lm":
         return "output embedding (label-token logits)"
     if kind.kind == "embedding":
-        return "cosine of pooled query and item"
+        return "similarity of pooled query and item (similarity_fn_name, cosine by default)"
     return _steps(kind.pre_head + kind.head)
+
+
+def _kind(kind: KindSupport) -> str:
+    if kind.sentence_transformers:
+        return f"{KIND_NAMES[kind.kind]}, with a sentence-transformers pipeline (modules.json with Pooling)"
+    return KIND_NAMES[kind.kind]
 
 
 def _pooling(kind: KindSupport) -> str:
@@ -91,7 +109,7 @@ def render() -> str:
     for arch in MATRIX:
         for kind in arch.kinds:
             lines.append(f"| `{arch.model_type}` | `{arch.class_prefix}{kind.class_suffix}` | "
-                         f"{KIND_NAMES[kind.kind]} | {_pooling(kind)} | {_head(kind)} | "
+                         f"{_kind(kind)} | {_pooling(kind)} | {_head(kind)} | "
                          f"{', '.join(arch.attention)} | {arch.execution} |")
     return "\n".join(lines) + "\n" + NOTES
 

@@ -33,10 +33,15 @@ FIRST_TOKEN_HEADS = {"roberta", "xlm-roberta", "electra", "deberta-v2"}  # their
 
 
 def model_kind(path: Path | str) -> str:
-    """The model kind, "causal_lm", "classifier" or "embedding", from config.architectures (and modules.json)."""
+    """The model kind, "causal_lm", "classifier" or "embedding", from config.architectures and modules.json (a
+    sentence-transformers pipeline with a Pooling module is an embedding model whatever its class, as
+    Qwen3-Embedding's Qwen3ForCausalLM)."""
     path = Path(path)
     architectures = json.loads((path / "config.json").read_text()).get("architectures") or []
     arch = architectures[0] if architectures else ""
+    modules = json.loads((path / "modules.json").read_text()) if (path / "modules.json").is_file() else []
+    if any(m["type"].endswith("Pooling") for m in modules):
+        return "embedding"
     if arch.endswith("ForCausalLM"):
         return "causal_lm"
     if arch.endswith("ForSequenceClassification"):

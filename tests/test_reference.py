@@ -79,7 +79,7 @@ def test_tiny_model_reloads_with_auto_classes(
     model, tok, kind = load(name)
     config = json.loads((tiny_dir / name / "config.json").read_text())
     assert config["architectures"] == [spec.architecture]
-    assert type(model).__name__ == spec.architecture
+    assert type(model).__name__ == spec.loaded_class
     assert kind == spec.kind
     if spec.num_labels is not None:
         assert model.config.num_labels == spec.num_labels

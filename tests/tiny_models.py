@@ -62,6 +62,7 @@ class TinyModel(enum.StrEnum):
     MISTRAL_CAUSAL = "mistral-causal"
     GEMMA2_CAUSAL = "gemma2-causal"
     QWEN3_EMBED = "qwen3-embed"
+    QWEN3_CAUSAL_EMBED = "qwen3-causal-embed"
     LLAMA_EOS_CLS3 = "llama-eos-cls3"
     BERT_CROSS = "bert-cross"
     XLMR_CROSS = "xlmr-cross"
@@ -99,6 +100,11 @@ class TinySpec:
         return self.family in ENCODER_FAMILIES
 
     @property
+    def loaded_class(self) -> str:
+        """The class AutoModel gives an embedding model (sentence-transformers loads a *ForCausalLM's base model)."""
+        return self.architecture.replace("ForCausalLM", "Model") if self.kind == "embedding" else self.architecture
+
+    @property
     def token_types(self) -> bool:
         """Whether the model reads token_type_ids (type_vocab_size > 1)."""
         return self.family in ("bert", "electra")
@@ -129,6 +135,8 @@ SPECS: dict[TinyModel, TinySpec] = {
     TinyModel.MISTRAL_CAUSAL: _spec("mistral", "causal_lm", "MistralForCausalLM"),
     TinyModel.GEMMA2_CAUSAL: _spec("gemma2", "causal_lm", "Gemma2ForCausalLM"),
     TinyModel.QWEN3_EMBED: _spec("qwen3", "embedding", "Qwen3Model", adds_eos=True, pooling="lasttoken"),
+    # Qwen3-Embedding's shape: saved as Qwen3ForCausalLM, a sentence-transformers last-token pipeline around it.
+    TinyModel.QWEN3_CAUSAL_EMBED: _spec("qwen3", "embedding", "Qwen3ForCausalLM", adds_eos=True, pooling="lasttoken"),
     TinyModel.LLAMA_EOS_CLS3: _spec("llama", "classifier", "LlamaForSequenceClassification", 3, adds_eos=True),
     TinyModel.BERT_CROSS: _spec("bert", "classifier", "BertForSequenceClassification", 1),
     TinyModel.XLMR_CROSS: _spec("xlmr", "classifier", "XLMRobertaForSequenceClassification", 1),

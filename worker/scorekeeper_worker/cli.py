@@ -93,9 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--prompt-template", "LLM rerankers: wrap every (query, item) pair of a decoder model in this prompt: a "
         "built-in name (qwen3-reranker) or a text file with {instruct}, {query} and {item} (used byte for byte); "
         "the text before {item} is shared by all items of a request (default: none)")
-    add("--label-tokens", "comma-separated label tokens as text, spaces kept (\" yes, no\"); each must be one "
-        "token of the model's tokenizer; the default label_token_ids of a causal LM, the first one /v1/rerank's "
-        "relevance (default: none, or the built-in template's)")
+    add("--label-tokens", "comma-separated label tokens as text, spaces kept (\" yes, no\"); at least two, each "
+        "one token of the model's tokenizer; the default label_token_ids of a causal LM, the first one's softmax "
+        "over them /v1/rerank's relevance (default: none, or the built-in template's)")
     add("--multi-item-scoring", "score all items of a request in one packed sequence sharing the query "
         "(decoder models)", action=argparse.BooleanOptionalAction)
     add("--multi-item-scoring-delimiter", "token id placed between query and items (SGLang layout); implies "

@@ -121,6 +121,9 @@ class WorkerConfig(BaseModel):
                 raise ValueError("label tokens must be non-empty strings, separated by commas (\" yes, no\")")
             if len(set(value)) != len(value):
                 raise ValueError(f"label tokens must differ: {list(value)}")
+            if len(value) == 1:  # relevance is softmax(logits[labels])[0]: 1.0 over one label
+                raise ValueError(f"a single label token ({value[0]!r}) would make every /v1/rerank relevance 1.0 "
+                                 "(a softmax over the label tokens); give it with its alternatives, e.g. \" yes, no\"")
         return value
 
     @model_validator(mode="after")

@@ -1,6 +1,6 @@
 """POST /v1/embeddings (OpenAI shape) for embedding models: each input embedded alone, exactly as
-`SentenceTransformer.encode` does (the model directory's pooling, and unit length when its modules.json ends with
-Normalize), on the /v1/score engine (same batching, limits, errors and metrics)."""
+`SentenceTransformer.encode(inputs, prompt_name=...)` does (the model directory's prompt, max_seq_length, pooling,
+Normalize and truncate_dim), on the /v1/score engine (same batching, limits, errors and metrics)."""
 
 from __future__ import annotations
 
@@ -36,9 +36,10 @@ async def embed(service: ScoringService, request: EmbeddingRequest) -> tuple[lis
     if model is not None and model.kind != ModelKind.EMBEDDING:
         raise BadRequest(f"model: /v1/embeddings needs an embedding model; this server serves a {model.kind.value} "
                          "(use /v1/score or /v1/rerank)")
-    if model is not None and request.dimensions is not None and request.dimensions != model.hidden_size:
-        raise BadRequest(f"dimensions: this model's embeddings have {model.hidden_size} dimensions; "
+    dimensions = model.sentence_config.truncate_dim or model.hidden_size if model is not None else None
+    if dimensions is not None and request.dimensions is not None and request.dimensions != dimensions:
+        raise BadRequest(f"dimensions: this model's embeddings have {dimensions} dimensions; "
                          f"{request.dimensions} is not offered")
     rules = LengthRules(truncate=request.truncate, direction=Direction(request.truncation_direction), field="input")
-    scored = await service.run(ScoreRequest(items=request.inputs), rules, embed=True)
+    scored = await service.run(ScoreRequest(items=request.inputs), rules, embed=True, prompt_name=request.prompt_name)
     return scored.pooled or [], scored.prompt_tokens

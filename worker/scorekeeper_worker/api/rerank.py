@@ -1,8 +1,10 @@
 """POST /v1/rerank (Cohere v2 / Jina shape) on the /v1/score engine: one relevance score per document, sorted.
 
 Relevance per scored sequence: a causal LM's first label token against the others (`softmax(logits[labels])[0]`,
-the server's --label-tokens: " yes" before " no"), the last class's probability for classifiers (sigmoid of a single
-logit), cosine for embedding models. A document chunked into windows gets its best window's relevance."""
+the server's --label-tokens: " yes" before " no"); a single logit through the activation the model declares
+(sentence-transformers' CrossEncoder: sigmoid by default, identity, tanh); the last class's probability for several
+logits (softmax, or its own sigmoid for a multi-label classifier); the model's similarity (cosine by default) for
+embedding models. A document chunked into windows gets its best window's relevance."""
 
 from __future__ import annotations
 
@@ -37,14 +39,21 @@ async def rerank(service: ScoringService, request: RerankRequest) -> RerankRespo
         raise BadRequest("model: /v1/rerank on a causal LM needs label tokens: start the server with --label-tokens "
                          "(\"yes,no\": relevance is the first one's probability) or a --prompt-template that has "
                          "them; or use /v1/score with label_token_ids")
+    # A single logit's relevance is the activation the model declares (CrossEncoder.rank), sigmoid by default.
+    single_logit = model is not None and model.kind in (ModelKind.CROSS_ENCODER, ModelKind.CLASSIFIER) \
+        and model.logit_size == 1
     texts = request.texts
-    score_request = ScoreRequest(query=request.query, items=texts, apply_softmax=True, model=request.model,
-                                 instruct=request.instruct)
+    score_request = ScoreRequest(query=request.query, items=texts, apply_softmax=not single_logit,
+                                 model=request.model, instruct=request.instruct)
     rules = LengthRules(truncate=request.truncate, direction=Direction(request.truncation_direction),
                         max_item_tokens=request.max_tokens_per_doc, chunk=request.long_document_strategy == "chunk",
                         max_chunks=request.max_chunks_per_doc, field="documents")
     scored = await service.run(score_request, rules)
-    relevance = best_per_document([row[0] if causal else row[-1] for row in scored.rows], scored.rows_of, len(texts))
+    if single_logit and model is not None:
+        rows = [model.sentence_config.activation.apply(row[0]) for row in scored.rows]
+    else:
+        rows = [row[0] if causal else row[-1] for row in scored.rows]
+    relevance = best_per_document(rows, scored.rows_of, len(texts))
     results = []
     for i in ranked(relevance, request.top_n):
         document = request.documents[i]

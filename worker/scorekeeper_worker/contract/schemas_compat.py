@@ -129,6 +129,9 @@ class EmbeddingRequest(BaseModel):
     user: Text | None = Field(None, description="accepted and ignored (OpenAI clients send it)")
     truncate: bool = Field(False, description="cut inputs over the model's maximum to fit (false: 400)")
     truncation_direction: TruncationDirection = Field("right", description="which end of an input is cut")
+    prompt_name: Text | None = Field(
+        None, description="one of the model's sentence-transformers prompts (config_sentence_transformers.json), "
+                          "prepended to every text input; default: the model's default_prompt_name, if any")
 
     @property
     def inputs(self) -> list[str] | list[list[int]]:

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from scorekeeper_worker.model.loader import HeadModules, ScoringModel
+from scorekeeper_worker.model.sentence_transformers import Similarity
 
 
 def _apply(modules: HeadModules, x: torch.Tensor) -> torch.Tensor:
@@ -41,11 +42,14 @@ def _softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.softmax(shifted / temperature, dim=-1)
 
 
-def classifier_scores(logits: torch.Tensor, apply_softmax: bool, temperature: float) -> torch.Tensor:
-    """Raw logits, or probabilities over classes; a single-logit model gets sigmoid (not SGLang's constant 1.0)."""
+def classifier_scores(logits: torch.Tensor, apply_softmax: bool, temperature: float,
+                      multi_label: bool = False) -> torch.Tensor:
+    """Raw logits, or probabilities: over classes, or one sigmoid per class for a single logit (not SGLang's
+    constant 1.0) and for multi-label classifiers (transformers' multi_label_classification: classes are not
+    exclusive)."""
     if not apply_softmax:
         return logits
-    if logits.shape[-1] == 1:
+    if logits.shape[-1] == 1 or multi_label:
         return torch.sigmoid(logits.double() / temperature)  # ±inf for extreme temperatures: sigmoid is 0 or 1
     return _softmax(logits, temperature)
 
@@ -79,10 +83,20 @@ def _log_normaliser(model: ScoringModel, head: torch.nn.Module, rows: torch.Tens
 
 def embeddings(model: ScoringModel, pooled: torch.Tensor) -> torch.Tensor:
     """What `SentenceTransformer.encode` returns: the pooled rows, L2-normalised when the model's modules.json ends
-    with Normalize."""
-    return F.normalize(pooled.float(), p=2.0, dim=-1) if model.normalize else pooled.float()
+    with Normalize, then cut to its truncate_dim."""
+    config = model.sentence_config
+    vectors = F.normalize(pooled.float(), p=2.0, dim=-1) if config.normalize else pooled.float()
+    return vectors if config.truncate_dim is None else vectors[:, :config.truncate_dim]
 
 
-def cosine_scores(query: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
-    """[H] and [n, H] → [n, 1] cosine similarities, computed in float32."""
-    return F.cosine_similarity(items.float(), query.float()[None, :], dim=-1)[:, None]
+def similarity_scores(similarity: Similarity, query: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+    """[H] and [n, H] embeddings → [n, 1] float32 scores, as the model's `similarity_fn_name` defines them
+    (sentence-transformers' cos_sim, dot_score, and minus the euclidean or manhattan distance)."""
+    query, items = query.float()[None, :], items.float()
+    if similarity == Similarity.COSINE:
+        scores = F.cosine_similarity(items, query, dim=-1)
+    elif similarity == Similarity.DOT:
+        scores = (items * query).sum(dim=-1)
+    else:
+        scores = -torch.linalg.vector_norm(items - query, ord=2 if similarity == Similarity.EUCLIDEAN else 1, dim=-1)
+    return scores[:, None]

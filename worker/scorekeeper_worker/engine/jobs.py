@@ -60,7 +60,7 @@ class ScoreJob:
         """Score this job's pooled rows from one batch (slot = item index, or QUERY_SLOT)."""
         if model.kind == ModelKind.EMBEDDING and QUERY_SLOT in slots:
             at = slots.index(QUERY_SLOT)
-            self.query_embedding = rows[at]
+            self.query_embedding = heads.embeddings(model, rows[at:at + 1])[0]
             self.remaining -= 1
             slots, rows = slots[:at] + slots[at + 1 :], torch.cat([rows[:at], rows[at + 1 :]])
         if not slots:
@@ -73,10 +73,11 @@ class ScoreJob:
             features = heads.embeddings(model, features)
         elif model.kind == ModelKind.EMBEDDING:
             assert self.query_embedding is not None  # the query unit is planned first, so it is scored first
-            scores = heads.cosine_scores(self.query_embedding, rows)
+            scores = heads.similarity_scores(model.sentence_config.similarity, self.query_embedding,
+                                             heads.embeddings(model, rows))
         else:
             logits = heads.classifier_logits(model, features)
-            scores = heads.classifier_scores(logits, self.apply_softmax, self.temperature)
+            scores = heads.classifier_scores(logits, self.apply_softmax, self.temperature, model.multi_label)
         for slot, row in zip(slots, scores if isinstance(scores, list) else scores.tolist(), strict=True):
             self.scores[slot] = row
         if self.want_pooled:

@@ -7,10 +7,9 @@ under other names), sentence-transformers modules the engine does not apply, and
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -26,8 +25,10 @@ from transformers import (
 
 from scorekeeper_worker.config import Device, DType
 from scorekeeper_worker.kernels.attention import ATTENTION_NAME
+from scorekeeper_worker.model import sentence_transformers
 from scorekeeper_worker.model.dtypes import DTypeChoice, choose_dtype, detect_hardware, dtype_name
 from scorekeeper_worker.model.prompt_template import PromptTemplate
+from scorekeeper_worker.model.sentence_transformers import SentenceTransformersConfig
 from scorekeeper_worker.model.special_tokens import PairLayout, SpecialTokens, pair_layout, special_tokens
 from scorekeeper_worker.model.support import (
     ArchitectureSupport,
@@ -47,10 +48,6 @@ log = logging.getLogger(__name__)
 _AUTO_CLASS = {ModelKind.CAUSAL_LM: AutoModelForCausalLM, ModelKind.EMBEDDING: AutoModel,
                ModelKind.CLASSIFIER: AutoModelForSequenceClassification,
                ModelKind.CROSS_ENCODER: AutoModelForSequenceClassification}
-# sentence-transformers modules that do not change cosine scores (Normalize only rescales).
-_SENTENCE_TRANSFORMERS_MODULES = {"Transformer", "Pooling", "Normalize"}
-_POOLING_MODES = {"pooling_mode_cls_token": Pooling.CLS, "pooling_mode_mean_tokens": Pooling.MEAN,
-                  "pooling_mode_lasttoken": Pooling.LAST}
 
 HeadModules = tuple[tuple[torch.nn.Module, bool], ...]  # (module, reads token 0 of a sequence)
 
@@ -77,8 +74,9 @@ class ScoringModel:
     pre_head: HeadModules = ()
     head: HeadModules = ()
     pair: PairLayout | None = None  # cross-encoders: the tokenizer's pair template
-    normalize: bool = False  # embedding models: a sentence-transformers Normalize module follows the pooling
-    lowercase: bool = False  # embedding models: sentence-transformers lower-cases texts (do_lower_case)
+    # Embedding models and cross-encoders: what sentence-transformers applies around the model (prompts, Normalize,
+    # similarity, CrossEncoder's activation; model/sentence_transformers.py).
+    sentence_config: SentenceTransformersConfig = field(default_factory=SentenceTransformersConfig)
     # Set by the service from --prompt-template / --label-tokens (decoders): the prompt every text pair is wrapped
     # in, and the label tokens a request that sends none gets.
     template: PromptTemplate | None = None
@@ -89,6 +87,11 @@ class ScoringModel:
         return self.kind in (ModelKind.CAUSAL_LM, ModelKind.CLASSIFIER)
 
     @property
+    def multi_label(self) -> bool:
+        """transformers' multi_label_classification: one sigmoid per class, not a softmax over them."""
+        return getattr(self.model.config, "problem_type", None) == "multi_label_classification"
+
+    @property
     def packed(self) -> bool:
         return self.support.execution == Execution.PACKED
 
@@ -97,52 +100,11 @@ class ScoringModel:
         return self.kind != ModelKind.CAUSAL_LM
 
 
-def _sentence_transformers_pooling(path: Path) -> Pooling | None:
-    """The pooling of a sentence-transformers directory (modules.json), or None without one. Modules that would change
-    the embedding beyond what the engine computes (Dense, max pooling, ...) are refused."""
-    modules_file = path / "modules.json"
-    if not modules_file.exists():
-        return None
-    pooling: Pooling | None = None
-    for module in json.loads(modules_file.read_text()):
-        module_type = module.get("type", "").rsplit(".", 1)[-1]
-        if module_type not in _SENTENCE_TRANSFORMERS_MODULES:
-            raise UnsupportedModel(f"sentence-transformers module {module.get('type')!r} ({module.get('path')}) "
-                                   f"is not applied by the engine; supported: {sorted(_SENTENCE_TRANSFORMERS_MODULES)}")
-        if module_type == "Pooling":
-            settings = json.loads((path / module["path"] / "config.json").read_text())
-            modes = [key for key, value in settings.items() if key.startswith("pooling_mode") and value]
-            if len(modes) != 1 or modes[0] not in _POOLING_MODES:
-                raise UnsupportedModel(f"sentence-transformers pooling {modes} is not supported; exactly one of "
-                                       f"{sorted(_POOLING_MODES)}")
-            pooling = _POOLING_MODES[modes[0]]
-    return pooling
-
-
-def _sentence_transformers_normalize(path: Path) -> bool:
-    """Whether modules.json ends the pipeline with Normalize: `SentenceTransformer.encode` then returns unit vectors
-    (/v1/embeddings does too; a cosine does not change)."""
-    modules_file = path / "modules.json"
-    types = [m.get("type", "").rsplit(".", 1)[-1] for m in json.loads(modules_file.read_text())] \
-        if modules_file.exists() else []
-    return "Normalize" in types
-
-
-def _sentence_transformers_settings(path: Path) -> tuple[int | None, bool]:
-    """sentence_bert_config.json: (max_seq_length, do_lower_case). sentence-transformers cuts every text to
-    max_seq_length tokens, so beyond it the model was never meant to run (TEI and vLLM cap their length there too)."""
-    settings_file = path / "sentence_bert_config.json"
-    if not settings_file.exists():
-        return None, False
-    settings = json.loads(settings_file.read_text())
-    return settings.get("max_seq_length"), bool(settings.get("do_lower_case", False))
-
-
-def _pooling(path: Path, config: object, kind: KindSupport) -> Pooling:
+def _pooling(config: object, kind: KindSupport, sentence_config: SentenceTransformersConfig) -> Pooling:
     if kind.pooling_source == PoolingSource.CLASSIFIER_POOLING:
         return Pooling(getattr(config, "classifier_pooling", kind.pooling.value))
     if kind.pooling_source == PoolingSource.SENTENCE_TRANSFORMERS:
-        return _sentence_transformers_pooling(path) or kind.pooling
+        return sentence_config.pooling or kind.pooling
     return kind.pooling
 
 
@@ -176,10 +138,10 @@ def _load_hf(path: Path, dtype: DType, device: Device) -> tuple[PreTrainedModel,
                                                                DTypeChoice]:
     config = AutoConfig.from_pretrained(path)
     architecture = (config.architectures or [type(config).__name__])[0]
-    arch, kind = resolve(architecture, config.model_type)
+    arch, kind = resolve(architecture, config.model_type, sentence_transformers.is_embedding_directory(path))
     choice = choose_dtype(dtype, getattr(config, "dtype", None), detect_hardware(device))
     model, info = _AUTO_CLASS[kind.kind].from_pretrained(path, dtype=choice.dtype, output_loading_info=True)
-    if type(model).__name__ != architecture:  # the auto class chose another class than the checkpoint names
+    if type(model).__name__ != arch.class_prefix + kind.loaded_suffix:  # the auto class chose another class
         raise UnsupportedModel(f"{architecture} loaded as {type(model).__name__}; the checkpoint's own class is needed")
     _check_weights(info, arch, kind, model.base_model_prefix)
     return model, arch, kind, choice
@@ -207,13 +169,11 @@ def load_model(path: Path, dtype: DType, device: str, name: str) -> ScoringModel
         logit_size = model.get_output_embeddings().weight.shape[0]
     else:
         logit_size = getattr(config, "num_labels", 0)
-    pooling = _pooling(path, config, kind)
+    sentence_config = sentence_transformers.read(path, kind.kind, config, tokenizer)
+    pooling = _pooling(config, kind, sentence_config)
     max_positions = config.max_position_embeddings - offset
-    normalize = lowercase = False
-    if kind.kind == ModelKind.EMBEDDING and path.is_dir():
-        max_seq_length, lowercase = _sentence_transformers_settings(path)
-        max_positions = min(max_positions, max_seq_length or max_positions)
-        normalize = _sentence_transformers_normalize(path)
+    if sentence_config.max_seq_length is not None:  # sentence-transformers cuts every text there
+        max_positions = min(max_positions, sentence_config.max_seq_length)
     log.info("loaded %s (%s, %s pooling) from %s; dtype %s (%s)", type(model).__name__, kind.kind, pooling, path,
              dtype_name(choice.dtype), choice.reason)
     return ScoringModel(
@@ -235,6 +195,5 @@ def load_model(path: Path, dtype: DType, device: str, name: str) -> ScoringModel
         pre_head=_modules(model, kind.pre_head),
         head=_modules(model, kind.head),
         pair=pair_layout(tokenizer) if kind.kind == ModelKind.CROSS_ENCODER else None,
-        normalize=normalize,
-        lowercase=lowercase,
+        sentence_config=sentence_config,
     )

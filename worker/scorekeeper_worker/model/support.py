@@ -69,6 +69,14 @@ class KindSupport:
     pre_head: tuple[HeadStep, ...] = ()  # rows → the vector `return_pooled_hidden_states` returns
     # that vector → logits (causal LMs: the output embedding, applied in engine/heads.py)
     head: tuple[HeadStep, ...] = ()
+    # Only for a sentence-transformers embedding directory (modules.json with Pooling), which sentence-transformers
+    # loads with AutoModel whatever class the config names: the class loaded is the prefix + `loads_as`.
+    sentence_transformers: bool = False
+    loads_as: str | None = None
+
+    @property
+    def loaded_suffix(self) -> str:
+        return self.loads_as or self.class_suffix
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,10 @@ _CAUSAL_LM = KindSupport(ModelKind.CAUSAL_LM, "ForCausalLM", Pooling.LAST)
 _DECODER_CLASSIFIER = KindSupport(ModelKind.CLASSIFIER, "ForSequenceClassification", Pooling.LAST,
                                   head=(HeadStep("score"),))
 _DECODER_EMBEDDING = KindSupport(ModelKind.EMBEDDING, "Model", Pooling.LAST, PoolingSource.SENTENCE_TRANSFORMERS)
+# Qwen3-Embedding: config.architectures says Qwen3ForCausalLM, its sentence-transformers pipeline last-token pools
+# Qwen3Model (the lm_head, if saved, is unused).
+_CAUSAL_LM_EMBEDDING = KindSupport(ModelKind.EMBEDDING, "ForCausalLM", Pooling.LAST,
+                                   PoolingSource.SENTENCE_TRANSFORMERS, sentence_transformers=True, loads_as="Model")
 _ENCODER_EMBEDDING = KindSupport(ModelKind.EMBEDDING, "Model", Pooling.MEAN, PoolingSource.SENTENCE_TRANSFORMERS)
 # RobertaClassificationHead / ElectraClassificationHead read token 0 themselves: dense → activation → out_proj.
 _FIRST_TOKEN_HEAD = KindSupport(ModelKind.CROSS_ENCODER, "ForSequenceClassification", Pooling.CLS,
@@ -101,7 +113,7 @@ MATRIX: tuple[ArchitectureSupport, ...] = (
     ArchitectureSupport("qwen2", "Qwen2", True, (*_DECODER, Attention.SLIDING_WINDOW),
                         (_CAUSAL_LM, _DECODER_CLASSIFIER)),
     ArchitectureSupport("qwen3", "Qwen3", True, (*_DECODER, Attention.SLIDING_WINDOW),
-                        (_CAUSAL_LM, _DECODER_CLASSIFIER, _DECODER_EMBEDDING)),
+                        (_CAUSAL_LM, _DECODER_CLASSIFIER, _DECODER_EMBEDDING, _CAUSAL_LM_EMBEDDING)),
     ArchitectureSupport("llama", "Llama", True, _DECODER, (_CAUSAL_LM, _DECODER_CLASSIFIER)),
     ArchitectureSupport("mistral", "Mistral", True, (*_DECODER, Attention.SLIDING_WINDOW),
                         (_CAUSAL_LM, _DECODER_CLASSIFIER)),
@@ -140,16 +152,25 @@ class UnsupportedModel(ValueError):
 
 
 def supported_architectures() -> list[str]:
-    return [name for arch in MATRIX for name in arch.architectures()]
+    return list(dict.fromkeys(name for arch in MATRIX for name in arch.architectures()))
 
 
-def resolve(architecture: str, model_type: str) -> tuple[ArchitectureSupport, KindSupport]:
+def resolve(architecture: str, model_type: str, embedding_directory: bool = False
+            ) -> tuple[ArchitectureSupport, KindSupport]:
     """The matrix entry for `config.architectures[0]` and `config.model_type`, or UnsupportedModel naming both and
-    the supported list."""
+    the supported list. `embedding_directory`: the directory holds a sentence-transformers embedding pipeline, served
+    as an embedding model or not at all."""
     arch = _BY_TYPE.get(model_type)
-    for kind in arch.kinds if arch is not None else ():
-        if arch is not None and architecture == arch.class_prefix + kind.class_suffix:
-            return arch, kind
+    kinds = arch.kinds if arch is not None else ()
+    matches = [kind for kind in kinds if arch is not None and architecture == arch.class_prefix + kind.class_suffix
+               and (embedding_directory or not kind.sentence_transformers)]
+    if arch is not None and matches:
+        kind = max(matches, key=lambda kind: kind.sentence_transformers)
+        if embedding_directory and kind.kind != ModelKind.EMBEDDING:
+            raise UnsupportedModel(f"{architecture} with a sentence-transformers embedding pipeline (modules.json with "
+                                   "a Pooling module): the engine serves it as a "
+                                   f"{kind.kind.value} only, not as the embedding model it is (docs/support-matrix.md)")
+        return arch, kind
     raise UnsupportedModel(
         f"unsupported architecture {architecture!r} (model_type {model_type!r}): the engine serves only what it "
         f"implements exactly and tests against transformers; supported: {', '.join(supported_architectures())} "

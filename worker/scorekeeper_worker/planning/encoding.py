@@ -46,6 +46,7 @@ class Tokenized:
     rows_of: list[int]
     field: str = "items"
     pair: PairLayout | None = None
+    pool_from: int = 0  # embedding models: the leading tokens pooling skips (a prompt with include_prompt false)
 
 
 def cut(ids: list[int], keep: int, direction: Direction) -> list[int]:
@@ -121,8 +122,6 @@ def plain_tokens(model: ScoringModel, query: str | list[int], items: list[str] |
         _vocab_check(model, token_items, field_name)
         return Inputs(list(query), token_items, verbatim=True)
     texts: list[str] = [query, *items]  # type: ignore[list-item]
-    if model.lowercase:  # sentence-transformers' do_lower_case
-        texts = [text.lower() for text in texts]
     encoded = [list(ids) for ids in model.tokenizer(texts, add_special_tokens=False)["input_ids"]]
     return Inputs(encoded[0], encoded[1:], verbatim=False)
 

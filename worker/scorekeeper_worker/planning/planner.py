@@ -9,6 +9,7 @@ from scorekeeper_worker.contract.schemas import BadRequest, RequestTooLarge, Sco
 from scorekeeper_worker.engine.jobs import QUERY_SLOT
 from scorekeeper_worker.engine.packing import PackUnit, Pool
 from scorekeeper_worker.model.loader import ModelKind, Pooling, ScoringModel
+from scorekeeper_worker.model.sentence_transformers import Prompt
 from scorekeeper_worker.planning import template_encoding
 from scorekeeper_worker.planning.encoding import Direction, LengthRules, Tokenized, encode, plain_tokens
 
@@ -41,18 +42,43 @@ def _check_prompt(model: ScoringModel, request: ScoreRequest, text: bool) -> Non
         raise BadRequest(f"instruct: the prompt template {template.name} has no {{instruct}}")
 
 
-def tokenize(model: ScoringModel, request: ScoreRequest, rules: LengthRules | None = None) -> Tokenized:
+def embedding_prompt(model: ScoringModel, prompt_name: str | None) -> Prompt | None:
+    """The sentence-transformers prompt an embedding model's texts get: the named one, else the model's default
+    (`SentenceTransformer.encode(prompt_name=...)`); 400 for a name the model does not have."""
+    if model.kind != ModelKind.EMBEDDING:
+        return None
+    try:
+        return model.sentence_config.prompt(prompt_name)
+    except KeyError:
+        names = ", ".join(repr(name) for name in sorted(model.sentence_config.prompts))
+        raise BadRequest(f"prompt_name: {prompt_name!r} is not one of this model's prompts ({names})") from None
+
+
+def tokenize(model: ScoringModel, request: ScoreRequest, rules: LengthRules | None = None,
+             prompt_name: str | None = None, query_row: bool = True) -> Tokenized:
     """The request's sequences: text pairs of a decoder through the server's prompt template when it has one
-    (token ids are always used verbatim), everything else joined at token level."""
+    (token ids are always used verbatim), everything else joined at token level. An embedding model's texts come
+    after its sentence-transformers prompt (`prompt_name`, else its default one), tokenized with it as
+    `SentenceTransformer.encode` does; `query_row` False: the items alone (/v1/embeddings)."""
     rules = rules or length_rules(request)
     text = isinstance(request.query, str)
     _check_prompt(model, request, text)
     if model.template is not None and text:
         return template_encoding.encode(model, model.template, request.query, request.item_list,  # type: ignore[arg-type]
                                         request.instruct, rules)
-    inputs = plain_tokens(model, request.query, request.item_list, rules.field)  # type: ignore[arg-type]
+    prompt = embedding_prompt(model, prompt_name)
+    if not text:  # token ids are used verbatim
+        prompt = None
+    query, items = request.query, request.item_list
+    if prompt is not None:  # the query only when it is embedded (a prompt alone could be over the maximum)
+        query = prompt.text + query if query_row else query  # type: ignore[operator]
+        items = [prompt.text + item for item in items]  # type: ignore[operator]
+    inputs = plain_tokens(model, query, items, rules.field)  # type: ignore[arg-type]
     inputs.item_first = request.item_first
-    return encode(model, inputs, rules)
+    tokens = encode(model, inputs, rules)
+    if prompt is not None and not model.sentence_config.include_prompt:
+        tokens.pool_from = prompt.tokens
+    return tokens
 
 
 def _too_long(model: ScoringModel, length: int, what: str) -> None:
@@ -62,9 +88,11 @@ def _too_long(model: ScoringModel, length: int, what: str) -> None:
         raise BadRequest(f"{what}: empty sequence (empty query and empty item, no special tokens) cannot be scored")
 
 
-def _pooled(pooling: Pooling, length: int) -> range:
-    """The tokens of a sequence whose outputs are averaged into its pooled row."""
-    return {Pooling.CLS: range(1), Pooling.MEAN: range(length), Pooling.LAST: range(length - 1, length)}[pooling]
+def _pooled(pooling: Pooling, length: int, first: int = 0) -> range:
+    """The tokens of a sequence whose outputs are averaged into its pooled row; `first`: tokens before it are not
+    pooled (sentence-transformers' include_prompt false)."""
+    return {Pooling.CLS: range(first, first + 1), Pooling.MEAN: range(first, length),
+            Pooling.LAST: range(length - 1, length)}[pooling]
 
 
 def _admit(planned: int, limit: int | None, how: str, field: str) -> None:
@@ -119,11 +147,17 @@ def plan(model: ScoringModel, request: ScoreRequest, tokens: Tokenized, job: obj
         sequences = [(QUERY_SLOT, tokens.query)] if query_row else []
         sequences += enumerate(tokens.items)
         for slot, ids in sequences:
-            _too_long(model, len(ids), "query" if slot == QUERY_SLOT else _where(tokens, slot))
+            where = "query" if slot == QUERY_SLOT else _where(tokens, slot)
+            _too_long(model, len(ids), where)
+            if tokens.pool_from >= len(ids):
+                raise BadRequest(f"{where}: nothing left to pool after the model's prompt ({tokens.pool_from} tokens, "
+                                 "which its pooling leaves out: include_prompt false) within its maximum of "
+                                 f"{model.max_positions} tokens")
         planned = sum(len(ids) for _, ids in sequences)
         _admit(planned, max_request_tokens, "the query and every item once" if query_row else "every input once",
                field)
-        units = [PackUnit(ids, position_start=start, pools=[Pool(_pooled(model.pooling, len(ids)), (job, slot))])
+        units = [PackUnit(ids, position_start=start,
+                          pools=[Pool(_pooled(model.pooling, len(ids), tokens.pool_from), (job, slot))])
                  for slot, ids in sequences]
         return ScorePlan(units, planned, False)
     query = tokens.query

@@ -21,9 +21,8 @@ def refuse_early(model: ScoringModel, query: str | list[int], items: list[str] |
                  rules: LengthRules, limit: int | None) -> None:
     if limit is None or not isinstance(query, str) or rules.truncate or rules.chunk or model.template is not None:
         return
+    # Without an embedding model's prompt: a lower bound still (do_lower_case is in the tokenizer's normalizer).
     texts: list[str] = [query, *items]  # type: ignore[list-item]
-    if model.lowercase:  # as planning/encoding.plain_tokens tokenizes them
-        texts = [text.lower() for text in texts]
     sizes = [len(text.encode("utf-8", "surrogatepass")) for text in texts]
     if sum(sizes) <= limit:  # a token is at least a byte: the bound cannot pass the limit
         return

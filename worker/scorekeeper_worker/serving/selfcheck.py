@@ -11,7 +11,11 @@ Without the check (`--no-self-check`) the engine pass still runs: it is the warm
 With a prompt template (--prompt-template), a text request through the template is checked too, in a batch of its
 own, single-item and (with multi-item scoring on) multi-item, against transformers on each fully rendered prompt,
 `tokenizer(prompt)`: it proves the template's tokenization rule (planning/template_encoding.py) on the model's own
-tokenizer."""
+tokenizer.
+
+Embedding models are compared with `SentenceTransformer.encode` re-done from an independent reading of their
+sentence-transformers files (serving/embedding_reference.py): the probes above, and text probes under every prompt,
+one of them past max_seq_length."""
 
 from __future__ import annotations
 
@@ -30,8 +34,10 @@ from scorekeeper_worker.engine.executor import Executor
 from scorekeeper_worker.engine.jobs import ScoreJob
 from scorekeeper_worker.kernels.attention import ATTENTION_NAME
 from scorekeeper_worker.model.dtypes import dtype_name
-from scorekeeper_worker.model.loader import ModelKind, Pooling, ScoringModel
+from scorekeeper_worker.model.loader import ModelKind, ScoringModel
 from scorekeeper_worker.planning.planner import plan, tokenize
+from scorekeeper_worker.serving import embedding_reference
+from scorekeeper_worker.serving.embedding_reference import ReferenceEncoder
 
 # Wide enough for reordered float arithmetic of the dtype, far below what a leak between sequences, a wrong head,
 # pooling position or mask does (O(0.1) and more on real and random models alike).
@@ -161,25 +167,24 @@ def _forward(model: ScoringModel, ids: list[int], types: list[int] | None = None
     extra = {"token_type_ids": torch.tensor([types], device=model.device)} if types and model.uses_token_types else {}
     if model.kind == ModelKind.CAUSAL_LM:
         return model.model(input_ids=tensor, logits_to_keep=1).logits[0, -1].double()
-    if model.kind == ModelKind.EMBEDDING:
-        hidden = model.model(input_ids=tensor).last_hidden_state[0].double()
-        return {Pooling.CLS: hidden[0], Pooling.MEAN: hidden.mean(0), Pooling.LAST: hidden[-1]}[model.pooling]
     return model.model(input_ids=tensor, **extra).logits[0].double()
 
 
 @torch.inference_mode()
-def reference_scores(model: ScoringModel, probe_set: list[Probe]) -> tuple[Rows, Labels]:
+def reference_scores(model: ScoringModel, probe_set: list[Probe],
+                     encoder: ReferenceEncoder | None = None) -> tuple[Rows, Labels]:
     """Each (query, item) sequence alone through the model's own forward; causal LMs: softmax over the reference's
-    top tokens, which become the labels of the engine pass. Returns (scores per probe, labels per probe)."""
+    top tokens, which become the labels of the engine pass; embedding models: `encoder`'s similarity (its own
+    reading of the sentence-transformers files). Returns (scores per probe, labels per probe)."""
     scores: Rows = []
     labels: Labels = []
     with _eager_attention(model):
         for probe in probe_set:
             rows, probe_labels = [], []
-            query = _forward(model, probe.query) if model.kind == ModelKind.EMBEDDING else None
+            query = encoder.embed_ids(probe.query) if encoder is not None else None
             for item in probe.items:
-                if query is not None:
-                    rows.append([torch.nn.functional.cosine_similarity(_forward(model, item), query, dim=0).item()])
+                if encoder is not None and query is not None:
+                    rows.append([encoder.similarity(query[None], encoder.embed_ids(item)[None]).item()])
                     continue
                 out = _forward(model, probe.query + item, [0] * len(probe.query) + [1] * len(item))
                 if model.kind == ModelKind.CAUSAL_LM:
@@ -228,10 +233,12 @@ def _template_rows(model: ScoringModel, executor: Executor, multi_item: bool) ->
 
 def deviation(engine: Rows, reference: Rows) -> float:
     """max |engine - reference| / max(1, max |reference|) over every score; infinite if any score is not finite
-    (a model that overflows cannot be served either way)."""
-    pairs = [(e, r) for e_rows, r_rows in zip(engine, reference, strict=True)
-             for e_row, r_row in zip(e_rows, r_rows, strict=True) for e, r in zip(e_row, r_row, strict=True)]
-    if not all(math.isfinite(e) and math.isfinite(r) for e, r in pairs):
+    (a model that overflows cannot be served either way) or a row has another length (an embedding's dimension)."""
+    rows = [(e_row, r_row) for e_rows, r_rows in zip(engine, reference, strict=True)
+            for e_row, r_row in zip(e_rows, r_rows, strict=True)]
+    pairs = [(e, r) for e_row, r_row in rows for e, r in zip(e_row, r_row, strict=False)]
+    if any(len(e_row) != len(r_row) for e_row, r_row in rows) or \
+            not all(math.isfinite(e) and math.isfinite(r) for e, r in pairs):
         return math.inf
     scale = max([1.0, *(abs(r) for _, r in pairs)])
     return max(abs(e - r) for e, r in pairs) / scale
@@ -243,8 +250,15 @@ def run(model: ScoringModel, executor: Executor, *, check: bool, max_batch_token
     probe_set = probes(model, max_batch_tokens, max_items, multi_item, delimiter)
     started = time.perf_counter()
     reference: Rows = []
+    # Embedding models: a reference of their own reading, and text probes (prompts, max_seq_length).
+    encoder = embedding_reference.reference_encoder(model) if model.kind == ModelKind.EMBEDDING and check else None
+    text_probes = embedding_reference.text_probes(model, encoder) if encoder is not None else None
+    text_reference: Rows = []
     if check:
-        reference, labels = reference_scores(model, probe_set)
+        reference, labels = reference_scores(model, probe_set, encoder)
+        if encoder is not None and text_probes is not None:
+            with _eager_attention(model):
+                text_reference = embedding_reference.reference_rows(encoder, text_probes)
     else:
         labels = [[[0, 1]] * len(p.items) if model.kind == ModelKind.CAUSAL_LM else None for p in probe_set]
     referenced = time.perf_counter()
@@ -252,6 +266,9 @@ def run(model: ScoringModel, executor: Executor, *, check: bool, max_batch_token
     if model.template is not None and check:
         template_engine, template_reference = _template_rows(model, executor, multi_item)
         engine, reference = engine + template_engine, reference + template_reference
+    if text_probes is not None:
+        engine, reference = engine + embedding_reference.engine_rows(model, executor, text_probes), \
+            reference + text_reference
     result = SelfCheckResult(deviation(engine, reference) if check else None, TOLERANCE[model.dtype],
                              sum(len(p.items) for p in probe_set), tokens, time.perf_counter() - referenced,
                              referenced - started)

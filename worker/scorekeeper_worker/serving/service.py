@@ -22,7 +22,7 @@ from scorekeeper_worker.kernels.flex import resolve_backend
 from scorekeeper_worker.metrics import WorkerMetrics
 from scorekeeper_worker.model.loader import ModelKind, ScoringModel, load_model
 from scorekeeper_worker.model.prompt_template import load_template, resolve_label_tokens
-from scorekeeper_worker.planning.encoding import LengthRules, encode, plain_tokens
+from scorekeeper_worker.planning.encoding import LengthRules
 from scorekeeper_worker.planning.planner import ScorePlan, length_rules, plan, tokenize
 from scorekeeper_worker.planning.token_budget import refuse_early
 from scorekeeper_worker.serving import selfcheck
@@ -63,9 +63,14 @@ def _label_lists(model: ScoringModel, request: ScoreRequest, num_items: int) -> 
     lists: list[list[int]] = labels if per_item else [labels] * num_items  # type: ignore[list-item,assignment]
     if per_item and len(lists) != num_items:
         raise BadRequest(f"label_token_ids: {len(lists)} lists for {num_items} items; give one list per item")
-    for row in lists if per_item else [labels]:  # type: ignore[list-item]
+    for at, row in enumerate(lists if per_item else [labels]):  # type: ignore[arg-type]
         if not row:
             raise BadRequest("label_token_ids must not be empty")
+        if len(row) == 1 and request.apply_softmax:
+            where = f"label_token_ids[{at}]" if per_item else "label_token_ids"
+            raise BadRequest(f"{where}: a single label token under apply_softmax scores every item 1.0 (a softmax "
+                             "over one logit); send it with its alternatives, or apply_softmax false for its "
+                             "probability")
         if len(set(row)) != len(row):
             raise BadRequest("label_token_ids must not contain duplicates")
         for token in row:
@@ -192,13 +197,15 @@ class ScoringService:
         scored = await self.run(request)
         return await asyncio.to_thread(_response, request, scored)
 
-    async def run(self, request: ScoreRequest, rules: LengthRules | None = None, embed: bool = False) -> Scored:
-        """Score one request (`embed`: the items' embeddings, as pooled rows). On the event loop only O(1) work per
-        request: checks, tokenization and planning run in a worker thread. Cancelling the calling task (client
-        gone) or the timeout drops the request's queued work."""
+    async def run(self, request: ScoreRequest, rules: LengthRules | None = None, embed: bool = False,
+                  prompt_name: str | None = None) -> Scored:
+        """Score one request (`embed`: the items' embeddings, as pooled rows; `prompt_name`: an embedding model's
+        sentence-transformers prompt instead of its default one). On the event loop only O(1) work per request:
+        checks, tokenization and planning run in a worker thread. Cancelling the calling task (client gone) or the
+        timeout drops the request's queued work."""
         if self.model is None or self.scheduler is None:
             raise NotReady("model is loading")
-        return await self._bounded(self._run(self.model, self.scheduler, request, rules, embed))
+        return await self._bounded(self._run(self.model, self.scheduler, request, rules, embed, prompt_name))
 
     async def _bounded(self, work: Awaitable[T]) -> T:
         timeout = self.config.request_timeout_seconds
@@ -212,10 +219,11 @@ class ScoringService:
                                   "its remaining work was dropped") from None
 
     async def _run(self, model: ScoringModel, scheduler: Scheduler, request: ScoreRequest,
-                   rules: LengthRules | None, embed: bool) -> Scored:
+                   rules: LengthRules | None, embed: bool, prompt_name: str | None) -> Scored:
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        prepared = await asyncio.to_thread(self._prepare, model, request, rules, embed, loop.create_future(), loop)
+        prepared = await asyncio.to_thread(self._prepare, model, request, rules, embed, prompt_name,
+                                           loop.create_future(), loop)
         if prepared is None:
             return Scored([], [] if request.return_pooled_hidden_states or embed else None, [], 0, False)
         job, score_plan, rows_of = prepared
@@ -238,7 +246,7 @@ class ScoringService:
         return Scored(result.scores, result.pooled_hidden_states, rows_of, result.prompt_tokens, result.multi_item)
 
     def _prepare(self, model: ScoringModel, request: ScoreRequest, rules: LengthRules | None, embed: bool,
-                 future: asyncio.Future[JobResult], loop: asyncio.AbstractEventLoop
+                 prompt_name: str | None, future: asyncio.Future[JobResult], loop: asyncio.AbstractEventLoop
                  ) -> tuple[ScoreJob, ScorePlan, list[int]] | None:
         """Checks, tokenization and planning (a worker thread): the job, its plan and the request item of each
         scored row, or None for no items. Every limit is checked before the work it bounds."""
@@ -262,11 +270,8 @@ class ScoringService:
         # --max-request-tokens from a bounded count, before a text request is tokenized whole (issue 26)
         refuse_early(model, request.query, items, rules or (LengthRules(field="input") if embed else
                                                             length_rules(request)), config.max_request_tokens)
-        if embed:  # each input alone, no query
-            tokens = encode(model, plain_tokens(model, request.query, items, "input"),  # type: ignore[arg-type]
-                            rules or LengthRules(field="input"))
-        else:
-            tokens = tokenize(model, request, rules)
+        tokens = tokenize(model, request, rules or (LengthRules(field="input") if embed else None), prompt_name,
+                          query_row=not embed)
         multi_item = model.is_decoder and (request.multi_item_scoring if request.multi_item_scoring is not None
                                            else config.mis_enabled)
         job = ScoreJob(num_items=len(tokens.items), apply_softmax=request.apply_softmax,
