@@ -502,7 +502,17 @@ def test_real_thresholds_catch_the_unhealthy_workers_only(observed: Observed) ->
         wait_for("the real alerts to go pending", lambda: active() >= expected, 20, interval=0.5)
     except TimeoutError:
         pytest.fail(f"active: {sorted(active())}, expected at least {sorted(expected)}")
-    assert not {alert for job, alert in active() if job == "main"}, sorted(active())
+    # The healthy worker's requests queue only behind each other; on a machine loaded by other work that wait can
+    # pass 1 s, and then the queue-wait alert is right to go pending. Any other alert on it is a false alarm.
+    justified = {"ScorekeeperHighQueueWait"} if _queue_wait_p99_over_1s(observed.final["main"]) else set()
+    assert not {alert for job, alert in active() if job == "main"} - justified, sorted(active())
+
+
+def _queue_wait_p99_over_1s(samples: dict[Sample, float]) -> bool:
+    """histogram_quantile(0.99, queue wait) > 1 s, as the alert computes it, over all of the worker's requests."""
+    total = value(samples, "scorekeeper_stage_duration_seconds_bucket", stage="queue", le="+Inf")
+    within = value(samples, "scorekeeper_stage_duration_seconds_bucket", stage="queue", le="1.0")
+    return within < 0.99 * total
 
 
 def test_internal_errors_are_counted_and_fire_the_5xx_alert(observed: Observed) -> None:
