@@ -93,6 +93,8 @@ class WorkerMetrics:
         self.self_check_tolerance = Gauge("scorekeeper_self_check_tolerance",
                                           "Start-up self-check: the largest deviation accepted for the model's dtype",
                                           registry=r)
+        self.cpu_threads = Gauge("scorekeeper_cpu_threads", "CPU threads the model runs with (--threads: auto is the "
+                                 "smaller of the cgroup CPU quota and the affinity mask)", registry=r)
         self.info = Info("scorekeeper_model", "Served model", registry=r)
         self.build_info = Info("scorekeeper_build", "Worker build: package versions", registry=r)
         # The configured budgets, so dashboards can show batch fill and queue fill as ratios.

@@ -13,6 +13,7 @@ from typing import TypeVar
 from scorekeeper_worker.config import PooledHiddenStates, WorkerConfig
 from scorekeeper_worker.contract.errors import NonFiniteScore, NotReady, RequestTimedOut, ResponseTooLarge
 from scorekeeper_worker.contract.schemas import BadRequest, ScoreRequest, ScoreResponse, Usage
+from scorekeeper_worker.engine import cpu_threads
 from scorekeeper_worker.engine.cuda_graphs import GraphRunner
 from scorekeeper_worker.engine.executor import Executor
 from scorekeeper_worker.engine.jobs import JobResult, ScoreJob
@@ -113,6 +114,9 @@ class ScoringService:
         then report ready. Any failure is raised with a message saying why (the caller exits non-zero with it)."""
         started = time.perf_counter()
         config = self.config
+        threads = cpu_threads.resolve(config.threads)
+        cpu_threads.apply(threads)  # before any parallel work: loading is the first
+        self.metrics.cpu_threads.set(threads.threads)
         model = load_model(config.model, config.dtype, config.device.value, config.name)
         self._prompt(model)
         delimiter = config.multi_item_scoring_delimiter
