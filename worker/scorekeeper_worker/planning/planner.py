@@ -50,7 +50,7 @@ def tokenize(model: ScoringModel, request: ScoreRequest, rules: LengthRules | No
     if model.template is not None and text:
         return template_encoding.encode(model, model.template, request.query, request.item_list,  # type: ignore[arg-type]
                                         request.instruct, rules)
-    inputs = plain_tokens(model, request.query, request.item_list, rules.field)  # type: ignore[arg-type]
+    inputs = plain_tokens(model, request.query, request.item_list, rules)  # type: ignore[arg-type]
     inputs.item_first = request.item_first
     return encode(model, inputs, rules)
 

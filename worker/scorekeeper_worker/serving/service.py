@@ -267,8 +267,8 @@ class ScoringService:
         refuse_early(model, request.query, items, rules or (LengthRules(field="input") if embed else
                                                             length_rules(request)), config.max_request_tokens)
         if embed:  # each input alone, no query
-            tokens = encode(model, plain_tokens(model, request.query, items, "input"),  # type: ignore[arg-type]
-                            rules or LengthRules(field="input"))
+            rules = rules or LengthRules(field="input")
+            tokens = encode(model, plain_tokens(model, request.query, items, rules), rules)  # type: ignore[arg-type]
         else:
             tokens = tokenize(model, request, rules)
         multi_item = model.is_decoder and (request.multi_item_scoring if request.multi_item_scoring is not None
