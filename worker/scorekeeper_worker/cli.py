@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--model", "local Hugging Face model directory or .gguf file (required)", type=Path)
     add("--served-name", "model name reported by /v1/models (clients may send any name)")
     add("--dtype", "weights and activations dtype; auto: the checkpoint's dtype where the device runs it fast "
-        "(float32 on CPUs without bfloat16 instructions, float16 on GPUs without bfloat16)",
+        "(float32 on CPUs without bfloat16 instructions, float16 on GPUs without bfloat16), and bfloat16 for a "
+        "float32 checkpoint on CPUs with AMX",
         choices=[d.value for d in DType])
     add("--device", "where the model runs", choices=[d.value for d in Device])
     add("--host", "listen address (0.0.0.0: every interface, as in a container)")
