@@ -9,9 +9,9 @@ Why a window gives the whole text's ids: the tokenizers we serve (WordPiece, byt
 Unigram) split text at whitespace before their model runs (or, SentencePiece, never build a piece across a word
 boundary), so a token depends only on the word it belongs to. A window's first `need` tokens (right; left: last) are
 therefore the whole text's when whitespace separates them from the window's cut, where the window may have split a
-word. Besides that, a window is trusted only with `need` tokens plus a margin and when a window twice as long agrees
-on them; otherwise the window doubles, up to the whole text (a text with no whitespace near the end it keeps, e.g. a
-long CJK run under a byte-level BPE, is tokenized whole)."""
+word. Besides that, a window is trusted only with `need` tokens plus a margin and when a longer window (a second cut,
+a quarter further on) agrees on them; otherwise the window doubles, up to the whole text (a text with no whitespace
+near the end it keeps, e.g. a long CJK run under a byte-level BPE, is tokenized whole)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from transformers import PreTrainedTokenizerBase
 
 MARGIN_TOKENS = 16  # tokens kept away from a window's cut before its tokens are trusted
-FIRST_WINDOW_CHARS_PER_TOKEN = 8  # a first guess (English averages ~4 characters per token)
+FIRST_WINDOW_CHARS_PER_TOKEN = 6  # a first guess (English averages ~4-5 characters per token)
 MIN_WINDOW_CHARS = 1024
 WHITESPACE = re.compile(r"\s")
 
@@ -60,11 +60,17 @@ def _first_window(need: int) -> int:
     return max(MIN_WINDOW_CHARS, FIRST_WINDOW_CHARS_PER_TOKEN * (need + MARGIN_TOKENS))
 
 
+def _check_window(chars: int) -> int:
+    """The longer window that must agree: another cut, a quarter further on."""
+    return chars + chars // 4
+
+
 def _long(tokenizer: PreTrainedTokenizerBase, text: str, need: int, from_end: bool) -> Clipped:
     chars = _first_window(need)
-    while 2 * chars < len(text):
+    while _check_window(chars) < len(text):
         kept = _window_ids(tokenizer, _window(text, chars, from_end), need, from_end)
-        if kept is not None and kept == _window_ids(tokenizer, _window(text, 2 * chars, from_end), need, from_end):
+        longer = _window(text, _check_window(chars), from_end)
+        if kept is not None and kept == _window_ids(tokenizer, longer, need, from_end):
             return Clipped(kept, True)
         chars *= 2
     return _cut(_ids(tokenizer, [text])[0], need, from_end)
@@ -82,7 +88,7 @@ def bounded_ids(tokenizer: PreTrainedTokenizerBase, texts: list[str], needs: lis
     tokenized by windows."""
     out: list[Clipped | None] = [None] * len(texts)
     short = [i for i, (text, need) in enumerate(zip(texts, needs, strict=True))
-             if len(text) <= 2 * _first_window(need)]
+             if len(text) <= _check_window(_first_window(need))]
     for i, ids in zip(short, _ids(tokenizer, [texts[i] for i in short]) if short else [], strict=True):
         out[i] = _cut(ids, needs[i], from_end)
     for i, text in enumerate(texts):
