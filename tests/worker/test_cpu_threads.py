@@ -179,6 +179,7 @@ def test_the_worker_logs_and_exports_its_threads(tiny_model: Callable[[str], Pat
     first = min(os.sched_getaffinity(0))
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop("OMP_WAIT_POLICY", None)
     log = tmp_path / "worker.log"
     with log.open("w") as out:
         process = subprocess.Popen(
@@ -193,6 +194,7 @@ def test_the_worker_logs_and_exports_its_threads(tiny_model: Callable[[str], Pat
         assert "\nscorekeeper_cpu_threads 1.0\n" in metrics
         assert "CPU threads: 1 (auto:" in log.read_text()
         assert "1 CPUs in the affinity mask" in log.read_text()
+        assert "OMP_WAIT_POLICY=PASSIVE" in log.read_text()  # the CLI's default, set before torch loads OpenMP
     finally:
         process.terminate()
         process.wait(60)

@@ -54,5 +54,6 @@ def apply(choice: CpuThreads) -> None:
             torch.set_num_interop_threads(choice.threads)
         except RuntimeError as error:  # already started (or already set) in this process
             log.warning("inter-op threads stay at %d: %s", torch.get_num_interop_threads(), error)
-    log.info("CPU threads: %d (%s); torch intra-op %d, inter-op %d", choice.threads, choice.reason,
-             torch.get_num_threads(), torch.get_num_interop_threads())
+    log.info("CPU threads: %d (%s); torch intra-op %d, inter-op %d; OMP_WAIT_POLICY=%s", choice.threads,
+             choice.reason, torch.get_num_threads(), torch.get_num_interop_threads(),
+             os.environ.get("OMP_WAIT_POLICY", "(unset)"))
