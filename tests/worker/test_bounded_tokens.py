@@ -154,3 +154,19 @@ def test_embedding_inputs_are_bounded_too(tiny_model: Callable[[str], Path],
     response = httpx.post(server.url + "/v1/embeddings", json={"input": [LONG_DOCUMENT], "model": "m"}, timeout=120)
     assert response.status_code == 400, response.text
     assert response.json()["message"].startswith("input[0]: sequence of more than ")
+
+
+def test_a_huge_item_is_counted_with_a_bound_before_the_request_limit(cross: tuple[RunningServer, Any, Any]) -> None:
+    """The early --max-request-tokens count (planning/token_budget.py) reads a 2 MB item no further than the bounded
+    tokenizer does, and the item is refused for what it is: longer than the model's maximum."""
+    server, _, _ = cross
+    model = server.app.state.service.model
+    counting = _Counting(model.tokenizer)
+    model.tokenizer = counting
+    try:
+        response = server.score(query="capital", items=[_document(6, 2_000_000)])
+        assert response.status_code == 400, response.text
+        assert response.json()["message"].startswith("items[0]: sequence of more than ")
+        assert counting.chars < 100_000
+    finally:
+        model.tokenizer = counting.tokenizer
