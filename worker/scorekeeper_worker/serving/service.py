@@ -130,8 +130,7 @@ class ScoringService:
                              "(docs/support-matrix.md), which the CUDA-graph buckets do not capture")
         self.metrics.model_load_seconds.set(time.perf_counter() - started)
         self.metrics.info.info({"model": model.name, "kind": model.kind.value,
-                                "dtype": str(model.dtype).removeprefix("torch."), "device": str(model.device),
-                                "quantization": config.quantization.value})
+                                "dtype": str(model.dtype).removeprefix("torch."), "device": str(model.device)})
         executor = self._executor(model)
         check = selfcheck.run(model, executor, check=config.self_check, max_batch_tokens=config.max_batch_tokens,
                               max_items=config.max_items_per_request, multi_item=config.mis_enabled,
