@@ -41,7 +41,7 @@ def _metric(server: RunningServer, name: str) -> float:
     raise AssertionError(f"{name} not exported")
 
 
-def _scores(server: RunningServer, path: str = "/v1/score") -> np.ndarray:
+def _scores(server: RunningServer) -> np.ndarray:
     response = server.score(query=QUERY, items=PASSAGES)
     assert response.status_code == 200, response.text
     return np.array([row[0] for row in response.json()["scores"]])
