@@ -1,6 +1,6 @@
 """Peer systems for the benchmarks, one per process, driven by JSON lines on stdin (see bench/common.py `Peer`).
 
-    python bench/peers.py --system st|hf|infinity|hf-causal --model DIR --dtype float32|bfloat16 --workload FILE
+    python bench/peers.py --system SYSTEM --model DIR --dtype float32|bfloat16 --workload FILE    # SYSTEMS below
 
 The process loads the model, answers {"ready": true, ...} and then, for each {"cmd": "run", ...} line, does one
 timed repetition and answers {"seconds": s, "scores": [...]}. The workload (query + items) comes from the file and
@@ -9,6 +9,7 @@ and under .venv-bench (Infinity), so it imports only what its system needs.
 
 Embedding systems (st, hf, infinity) do the whole job every time: embed the query and all items, then cosines.
 hf-causal scores label-token probabilities at the last token of every query+item row, batched (padded) rows.
+Cross-encoder systems (st-cross, hf-cross) score every (query, item) pair: the sigmoid of the single logit.
 """
 
 from __future__ import annotations
@@ -111,6 +112,45 @@ class InfinityPeer:
         self.loop.run_until_complete(self.engine.astop())
 
 
+class CrossEncoderPeer:
+    """sentence-transformers `CrossEncoder.predict` (batch_size=32 in request order, sigmoid of a single logit)."""
+
+    def __init__(self, model: str, dtype: str, options: dict[str, Any]) -> None:
+        from sentence_transformers import CrossEncoder
+
+        self.model = CrossEncoder(model, device="cpu")
+        if dtype != "float32":
+            self.model.model.to(torch_dtype(dtype))
+        self.batch_size = int(options.get("batch_size", 32))
+
+    def run(self, workload: dict[str, Any]) -> list[Any]:
+        pairs = [(workload["query"], item) for item in workload["items"]]
+        with torch.inference_mode():
+            return [float(s) for s in self.model.predict(pairs, batch_size=self.batch_size, show_progress_bar=False)]
+
+
+class TransformersCrossPeer:
+    """Plain transformers sequence classifier: padded pair batches of `batch_size` in request order, sigmoid."""
+
+    def __init__(self, model: str, dtype: str, options: dict[str, Any]) -> None:
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model)
+        self.model = AutoModelForSequenceClassification.from_pretrained(model, dtype=torch_dtype(dtype)).eval()
+        self.batch_size = int(options.get("batch_size", 32))
+
+    def run(self, workload: dict[str, Any]) -> list[Any]:
+        items = workload["items"]
+        out: list[float] = []
+        with torch.inference_mode():
+            for start in range(0, len(items), self.batch_size):
+                chunk = items[start:start + self.batch_size]
+                enc = self.tokenizer([workload["query"]] * len(chunk), chunk, padding=True, truncation=True,
+                                     max_length=512, return_tensors="pt")
+                out += torch.sigmoid(self.model(**enc).logits[:, -1].float()).tolist()
+        return out
+
+
 class TransformersCausalPeer:
     """Plain transformers causal LM: rows `query + item` in batches of `batch_size` (equal-length rows here, so the
     batch is padded to nothing), logits of the label tokens at the last position, softmax over them."""
@@ -137,14 +177,15 @@ class TransformersCausalPeer:
 
 
 SYSTEMS = {"st": SentenceTransformersPeer, "hf": TransformersPaddedPeer, "infinity": InfinityPeer,
-           "hf-causal": TransformersCausalPeer}
+           "hf-causal": TransformersCausalPeer, "st-cross": CrossEncoderPeer, "hf-cross": TransformersCrossPeer}
 
 
 def versions(system: str) -> dict[str, str]:
     import importlib.metadata as md
 
     names = {"st": ["sentence-transformers", "transformers"], "hf": ["transformers"],
-             "infinity": ["infinity-emb", "sentence-transformers", "transformers"], "hf-causal": ["transformers"]}
+             "infinity": ["infinity-emb", "sentence-transformers", "transformers"], "hf-causal": ["transformers"],
+             "st-cross": ["sentence-transformers", "transformers"], "hf-cross": ["transformers"]}
     found = {"torch": torch.__version__}
     for name in names[system]:
         try:

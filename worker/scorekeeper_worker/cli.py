@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--model", "local Hugging Face model directory or .gguf file (required)", type=Path)
     add("--served-name", "model name reported by /v1/models (clients may send any name)")
     add("--dtype", "weights and activations dtype; auto: the checkpoint's dtype where the device runs it fast "
-        "(float32 on CPUs without bfloat16 instructions, float16 on GPUs without bfloat16)",
+        "(float32 on CPUs without bfloat16 instructions, float16 on GPUs without bfloat16), and bfloat16 for a "
+        "float32 checkpoint on CPUs with AMX",
         choices=[d.value for d in DType])
     add("--device", "where the model runs", choices=[d.value for d in Device])
     add("--host", "listen address (0.0.0.0: every interface, as in a container)")
@@ -209,7 +210,16 @@ def bound_primitive_cache(environ: dict[str, str] | os._Environ[str] = os.enviro
     environ.setdefault(PRIMITIVE_CACHE_VARIABLE, str(PRIMITIVE_CACHE_CAPACITY))
 
 
+# OpenMP threads that wait at a barrier sleep instead of spinning, unless the environment says otherwise. Read once
+# when torch loads its OpenMP runtime, so it is set before anything imports torch. On shared CPUs (the common case for
+# CPU pods) a spinning thread burns the time slice its descheduled sibling needs: 1.4-2.1x faster under load
+# (docs/benchmarks.md).
+OPENMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
 def main(argv: Sequence[str] | None = None) -> None:
+    for variable, value in OPENMP_DEFAULTS.items():
+        os.environ.setdefault(variable, value)
     argv = sys.argv[1:] if argv is None else argv
     try:
         config = parse_config(argv)

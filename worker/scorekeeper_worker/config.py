@@ -135,6 +135,10 @@ class WorkerConfig(BaseModel):
             raise ValueError("cuda_graph_token_buckets must not exceed cuda_graph_max_tokens")
         if self.metrics_port == self.port:
             raise ValueError("--metrics-port must differ from --port")
+        if self.quantization == Quantization.INT8 and (self.device != Device.CPU or self.dtype not in (
+                DType.FLOAT32, DType.AUTO)):
+            raise ValueError("--quantization int8 runs on --device cpu and is quantized from float32 weights "
+                             "(--dtype float32 or auto)")
         return self
 
     @property

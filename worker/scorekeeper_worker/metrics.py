@@ -93,6 +93,14 @@ class WorkerMetrics:
         self.self_check_tolerance = Gauge("scorekeeper_self_check_tolerance",
                                           "Start-up self-check: the largest deviation accepted for the model's dtype",
                                           registry=r)
+        self.cpu_threads = Gauge("scorekeeper_cpu_threads", "CPU threads the model runs with (--threads: auto is the "
+                                 "smaller of the cgroup CPU quota and the affinity mask)", registry=r)
+        self.int8_max_score_delta = Gauge("scorekeeper_int8_max_score_delta", "int8 accuracy certificate: largest "
+                                          "|int8 - float32| score on the fixed probe set", registry=r)
+        self.int8_spearman = Gauge("scorekeeper_int8_spearman", "int8 accuracy certificate: Spearman correlation of "
+                                   "int8 and float32 scores per probe query (mean)", registry=r)
+        self.int8_top10 = Gauge("scorekeeper_int8_top10_agreement", "int8 accuracy certificate: share of the float32 "
+                                "top 10 that int8 also ranks in its top 10 (mean over probe queries)", registry=r)
         self.info = Info("scorekeeper_model", "Served model", registry=r)
         self.build_info = Info("scorekeeper_build", "Worker build: package versions", registry=r)
         # The configured budgets, so dashboards can show batch fill and queue fill as ratios.

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from scorekeeper_worker.engine.cuda_graphs import GraphRunner
-from scorekeeper_worker.engine.forward import pooled_rows
+from scorekeeper_worker.engine.forward import PaddedTrunk, pooled_rows
 from scorekeeper_worker.engine.jobs import CopyStats, ScoreJob
 from scorekeeper_worker.engine.packing import PackUnit, build_inputs
 from scorekeeper_worker.kernels.attention import LayoutKind
@@ -29,11 +29,13 @@ class BatchStats:
 
 
 class Executor:
-    def __init__(self, model: ScoringModel, backend: str = "sdpa", graphs: GraphRunner | None = None) -> None:
+    def __init__(self, model: ScoringModel, backend: str = "sdpa", graphs: GraphRunner | None = None,
+                 trunk: PaddedTrunk | None = None) -> None:
         self.model = model
-        # Padded models run on the row blocks of the BLOCKS layout (forward.padded_hidden).
-        self.eager_kind = LayoutKind.FLEX if backend == "flex" and model.packed else LayoutKind.BLOCKS
+        # Padded models and other trunk backends run on the row blocks of the BLOCKS layout (forward.padded_hidden).
+        self.eager_kind = LayoutKind.FLEX if backend == "flex" and model.packed and trunk is None else LayoutKind.BLOCKS
         self.graphs = graphs
+        self.trunk = trunk
 
     @torch.inference_mode()
     def run(self, units: list[PackUnit]) -> tuple[list[ScoreJob], BatchStats]:
@@ -43,7 +45,7 @@ class Executor:
         if bucket is None:
             inputs = build_inputs(units, self.model.device, self.eager_kind)
             packed = time.perf_counter()
-            pooled = pooled_rows(self.model, inputs)
+            pooled = pooled_rows(self.model, inputs, self.trunk)
             path, label = "eager", "none"
         else:
             assert self.graphs is not None

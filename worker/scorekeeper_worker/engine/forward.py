@@ -3,13 +3,23 @@ captures exactly this function."""
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import torch
 
 from scorekeeper_worker.engine.packing import ForwardInputs
 from scorekeeper_worker.model.loader import ScoringModel
 
 
-def padded_hidden(trunk: torch.nn.Module, inputs: ForwardInputs) -> torch.Tensor:
+class PaddedTrunk(Protocol):
+    """The backend boundary: a trunk run on one right-padded block of rows, called with `input_ids`,
+    `attention_mask`, `position_ids` (and `token_type_ids`), returning an object with `.last_hidden_state`. A model's
+    own torch module is one; the int8 runtime (engine/int8_trunk.py) is another."""
+
+    def __call__(self, **inputs: torch.Tensor) -> Any: ...
+
+
+def padded_hidden(trunk: PaddedTrunk, inputs: ForwardInputs) -> torch.Tensor:
     """Models whose attention does not go through transformers' AttentionInterface (support matrix: padded): each
     block of similar-length sequences runs as an ordinary right-padded batch with an attention mask, so the model's
     own attention keeps sequences apart. Returns the packed hidden states [T, H], as the packed path does."""
@@ -27,11 +37,14 @@ def padded_hidden(trunk: torch.nn.Module, inputs: ForwardInputs) -> torch.Tensor
     return hidden[:-1]
 
 
-def pooled_rows(model: ScoringModel, inputs: ForwardInputs) -> torch.Tensor:
+def pooled_rows(model: ScoringModel, inputs: ForwardInputs, trunk: PaddedTrunk | None = None) -> torch.Tensor:
     """Forward the packed batch and pool it: [P, H] float32, one row per Pool of the units (graph-shaped inputs:
-    one row per slot of the bucket, the live ones first). Reads no device value on the host, so it can be captured."""
+    one row per slot of the bucket, the live ones first). Reads no device value on the host, so it can be captured.
+    `trunk`: another backend for the trunk, run on padded blocks (int8)."""
     inputs.layout.reset()  # masks are rebuilt from the tensors' current values in every pass
-    if model.packed:
+    if trunk is not None:
+        hidden = padded_hidden(trunk, inputs)
+    elif model.packed:
         extra = {} if inputs.token_type_ids is None else {"token_type_ids": inputs.token_type_ids}
         output = model.trunk(input_ids=inputs.input_ids, position_ids=inputs.position_ids,
                              scorekeeper_layout=inputs.layout, use_cache=False, **extra)

@@ -13,6 +13,10 @@ from scorekeeper_worker.config import Device, DType
 # x86: AVX512-BF16 or AMX; Arm: the BF16 extension. Without them PyTorch emulates bfloat16 matrix products on CPU,
 # 5-6x slower than float32.
 CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+# Intel AMX: bfloat16 tile matrix products, several times float32's AVX-512 rate. Only there does `auto` run a float32
+# checkpoint in bfloat16. Not measured by this project (no AMX machine so far: docs/benchmarks.md); AVX512-BF16
+# alone (Zen 4, Cooper Lake) keeps float32 checkpoints in float32.
+CPU_AMX_FLAGS = frozenset({"amx_bf16"})
 _NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
@@ -21,6 +25,7 @@ class Hardware:
     device: Device
     bf16: bool  # runs bfloat16 matrix products natively
     description: str  # for the log line
+    amx: bool = False  # CPU with AMX bfloat16 tiles
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,8 @@ def detect_hardware(device: Device) -> Hardware:
     except OSError:
         flags = set()
     found = sorted(flags & CPU_BF16_FLAGS)
-    return Hardware(device, bool(found), f"CPU ({', '.join(found) if found else 'no bfloat16 instructions'})")
+    return Hardware(device, bool(found), f"CPU ({', '.join(found) if found else 'no bfloat16 instructions'})",
+                    amx=bool(flags & CPU_AMX_FLAGS))
 
 
 def choose_dtype(requested: DType, checkpoint: torch.dtype | None, hardware: Hardware) -> DTypeChoice:
@@ -60,6 +66,9 @@ def choose_dtype(requested: DType, checkpoint: torch.dtype | None, hardware: Har
         dtype = getattr(torch, requested.value)
         return DTypeChoice(dtype, f"--dtype {requested.value}")
     saved = _NAMES.get(checkpoint, "float32") if checkpoint is not None else "float32"
+    if saved == "float32" and hardware.device == Device.CPU and hardware.amx:
+        return DTypeChoice(torch.bfloat16, f"auto: the checkpoint is float32 and {where} has AMX, whose bfloat16 "
+                                           "matrix products outrun float32")
     if saved == "float32":
         return DTypeChoice(torch.float32, f"auto: the checkpoint is {saved}")
     if hardware.device == Device.CPU:

@@ -16,6 +16,7 @@ from enum import StrEnum
 from scorekeeper_worker.contract.errors import BadRequest
 from scorekeeper_worker.model.loader import ModelKind, ScoringModel
 from scorekeeper_worker.model.special_tokens import BARE_PAIR, PairLayout
+from scorekeeper_worker.planning.bounded_tokens import bounded_ids
 
 
 class Direction(StrEnum):
@@ -64,23 +65,26 @@ def window_bounds(length: int, size: int, max_windows: int, direction: Direction
     return [(max(0, end - size), end) for end in reversed(ends)]
 
 
-def too_long(where: str, length: int, limit: int, hint: str = "") -> BadRequest:
-    return BadRequest(f"{where}: sequence of {length} tokens exceeds the model's maximum of {limit}{hint}")
+def too_long(where: str, length: int, limit: int, hint: str = "", clipped: bool = False) -> BadRequest:
+    """`clipped`: the text was tokenized only up to a bound (planning/bounded_tokens.py), `length` is a lower bound."""
+    return BadRequest(f"{where}: sequence of {'more than ' if clipped else ''}{length} tokens exceeds the model's "
+                      f"maximum of {limit}{hint}")
 
 
 TRUNCATE_HINT = " (send \"truncate\": true to cut it to fit)"
 
 
-def fit_query(query: list[int], overhead: int, limit: int, rules: LengthRules) -> list[int]:
+def fit_query(query: list[int], overhead: int, limit: int, rules: LengthRules, clipped: bool = False) -> list[int]:
     """The query with `overhead` tokens around it: cut only if it alone cannot fit."""
     if len(query) + overhead <= limit:
         return query
     if not rules.truncate:
-        raise too_long("query", len(query) + overhead, limit, TRUNCATE_HINT)
+        raise too_long("query", len(query) + overhead - clipped, limit, TRUNCATE_HINT, clipped)
     return cut(query, max(0, limit - overhead), rules.direction)
 
 
-def fit_item(ids: list[int], room: int, limit: int, rules: LengthRules, where: str) -> list[list[int]]:
+def fit_item(ids: list[int], room: int, limit: int, rules: LengthRules, where: str,
+             clipped: bool = False) -> list[list[int]]:
     """One item's tokens as the rows to score: itself, cut, or its windows; `room` is what fits beside the rest."""
     if rules.max_item_tokens is not None:
         ids = cut(ids, rules.max_item_tokens, rules.direction)
@@ -93,7 +97,7 @@ def fit_item(ids: list[int], room: int, limit: int, rules: LengthRules, where: s
         return [ids[a:b] for a, b in window_bounds(len(ids), room, rules.max_chunks, rules.direction)]
     if rules.truncate:
         return [cut(ids, room, rules.direction)]
-    raise too_long(where, len(ids) + limit - room, limit, TRUNCATE_HINT)
+    raise too_long(where, len(ids) + limit - room - clipped, limit, TRUNCATE_HINT, clipped)
 
 
 def _vocab_check(model: ScoringModel, sequences: list[list[int]], field_name: str) -> None:
@@ -112,18 +116,31 @@ class Inputs:
     items: list[list[int]]
     verbatim: bool  # token-id inputs: no special tokens are added
     item_first: bool = False
+    clipped: frozenset[int] = frozenset()  # texts tokenized only up to their bound: -1 the query, else item indices
+
+
+def _needs(limit: int, rules: LengthRules) -> tuple[int, int]:
+    """Tokens of the query and of an item that a request can ever use, plus one to tell that a text is longer: the
+    model's maximum (per window when chunking), or `max_item_tokens`."""
+    item = limit * (rules.max_chunks if rules.chunk else 1)
+    if rules.max_item_tokens is not None:
+        item = min(item, rules.max_item_tokens)
+    return limit + 1, item + 1
 
 
 def plain_tokens(model: ScoringModel, query: str | list[int], items: list[str] | list[list[int]],
-                 field_name: str) -> Inputs:
+                 rules: LengthRules) -> Inputs:
     if isinstance(query, list):  # token ids are used verbatim
         token_items = [list(item) for item in items]  # type: ignore[arg-type]
         _vocab_check(model, [query], "query")
-        _vocab_check(model, token_items, field_name)
+        _vocab_check(model, token_items, rules.field)
         return Inputs(list(query), token_items, verbatim=True)
     texts: list[str] = [query, *items]  # type: ignore[list-item]
-    encoded = [list(ids) for ids in model.tokenizer(texts, add_special_tokens=False)["input_ids"]]
-    return Inputs(encoded[0], encoded[1:], verbatim=False)
+    query_need, item_need = _needs(model.max_positions, rules)
+    encoded = bounded_ids(model.tokenizer, texts, [query_need] + [item_need] * len(items),
+                          from_end=rules.direction == Direction.LEFT)
+    clipped = frozenset(i - 1 for i, tokens in enumerate(encoded) if tokens.clipped)
+    return Inputs(encoded[0].ids, [tokens.ids for tokens in encoded[1:]], verbatim=False, clipped=clipped)
 
 
 def encode(model: ScoringModel, inputs: Inputs, rules: LengthRules) -> Tokenized:
@@ -135,19 +152,19 @@ def encode(model: ScoringModel, inputs: Inputs, rules: LengthRules) -> Tokenized
     rows_of: list[int] = []
 
     def add(index: int, room: int) -> None:
-        for window in fit_item(inputs.items[index], room, limit, rules, f"{where}[{index}]"):
+        for window in fit_item(inputs.items[index], room, limit, rules, f"{where}[{index}]", index in inputs.clipped):
             rows.append(window)
             rows_of.append(index)
 
     if model.kind == ModelKind.EMBEDDING:  # every sequence alone
         overhead = len(prefix) + len(suffix)
-        query = fit_query(inputs.query, overhead, limit, rules)
+        query = fit_query(inputs.query, overhead, limit, rules, -1 in inputs.clipped)
         for index in range(len(inputs.items)):
             add(index, limit - overhead)
         return Tokenized(prefix + query + suffix, [prefix + row + suffix for row in rows], rows_of, where)
     pair = (BARE_PAIR if inputs.verbatim else model.pair) if model.kind == ModelKind.CROSS_ENCODER else None
     overhead = pair.overhead if pair is not None else len(prefix) + len(suffix)
-    query = fit_query(inputs.query, overhead, limit, rules)
+    query = fit_query(inputs.query, overhead, limit, rules, -1 in inputs.clipped)
     for index in range(len(inputs.items)):
         add(index, limit - overhead - len(query))
     if pair is not None:

@@ -73,7 +73,7 @@ def tokenize(model: ScoringModel, request: ScoreRequest, rules: LengthRules | No
     if prompt is not None:  # the query only when it is embedded (a prompt alone could be over the maximum)
         query = prompt.text + query if query_row else query  # type: ignore[operator]
         items = [prompt.text + item for item in items]  # type: ignore[operator]
-    inputs = plain_tokens(model, query, items, rules.field)  # type: ignore[arg-type]
+    inputs = plain_tokens(model, query, items, rules)  # type: ignore[arg-type]
     inputs.item_first = request.item_first
     tokens = encode(model, inputs, rules)
     if prompt is not None and not model.sentence_config.include_prompt:

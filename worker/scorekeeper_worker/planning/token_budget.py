@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from scorekeeper_worker.contract.errors import RequestTooLarge
 from scorekeeper_worker.model.loader import ScoringModel
+from scorekeeper_worker.planning.bounded_tokens import bounded_ids
 from scorekeeper_worker.planning.encoding import LengthRules
 
 SLICE_BYTES = 64 * 1024  # text tokenized per step: a few milliseconds
@@ -32,8 +33,11 @@ def refuse_early(model: ScoringModel, query: str | list[int], items: list[str] |
         size += text_size
         if size < SLICE_BYTES and end < len(texts):
             continue
-        for i, ids in enumerate(model.tokenizer(texts[start:end], add_special_tokens=False)["input_ids"], start):
-            counted += len(ids) if i == 0 or cap is None else min(len(ids), cap)
+        # Each text counted up to one token past the model's maximum (planning/bounded_tokens.py): beyond it, the text
+        # is refused as too long anyway (400), and its count stays a lower bound.
+        slice_ids = bounded_ids(model.tokenizer, texts[start:end], [model.max_positions + 1] * (end - start), False)
+        for i, tokens in enumerate(slice_ids, start):
+            counted += len(tokens.ids) if i == 0 or cap is None else min(len(tokens.ids), cap)
         if counted > limit:
             raise RequestTooLarge(
                 f"{rules.field}: the request would run more than {limit} tokens through the model (counted "

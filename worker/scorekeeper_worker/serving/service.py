@@ -10,9 +10,10 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from scorekeeper_worker.config import PooledHiddenStates, WorkerConfig
+from scorekeeper_worker.config import DType, PooledHiddenStates, Quantization, WorkerConfig
 from scorekeeper_worker.contract.errors import NonFiniteScore, NotReady, RequestTimedOut, ResponseTooLarge
 from scorekeeper_worker.contract.schemas import BadRequest, ScoreRequest, ScoreResponse, Usage
+from scorekeeper_worker.engine import cpu_threads
 from scorekeeper_worker.engine.cuda_graphs import GraphRunner
 from scorekeeper_worker.engine.executor import Executor
 from scorekeeper_worker.engine.jobs import JobResult, ScoreJob
@@ -25,7 +26,7 @@ from scorekeeper_worker.model.prompt_template import load_template, resolve_labe
 from scorekeeper_worker.planning.encoding import LengthRules
 from scorekeeper_worker.planning.planner import ScorePlan, length_rules, plan, tokenize
 from scorekeeper_worker.planning.token_budget import refuse_early
-from scorekeeper_worker.serving import selfcheck
+from scorekeeper_worker.serving import quantization, selfcheck
 from scorekeeper_worker.serving.gc_pauses import freeze_after_load
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,12 @@ class ScoringService:
         then report ready. Any failure is raised with a message saying why (the caller exits non-zero with it)."""
         started = time.perf_counter()
         config = self.config
-        model = load_model(config.model, config.dtype, config.device.value, config.name)
+        threads = cpu_threads.resolve(config.threads)
+        cpu_threads.apply(threads)  # before any parallel work: loading is the first
+        self.metrics.cpu_threads.set(threads.threads)
+        # int8 is quantized from, and certified against, the float32 weights.
+        dtype = DType.FLOAT32 if config.quantization == Quantization.INT8 else config.dtype
+        model = load_model(config.model, dtype, config.device.value, config.name)
         self._prompt(model)
         delimiter = config.multi_item_scoring_delimiter
         if delimiter is not None and delimiter >= model.model.get_input_embeddings().num_embeddings:
@@ -143,6 +149,8 @@ class ScoringService:
             log.info("self-check passed: deviation %.3g (tolerance %g) on %d sequences, %d tokens in one batch; "
                      "engine %.3f s, reference %.3f s", check.deviation, check.tolerance, check.sequences,
                      check.tokens, check.engine_seconds, check.reference_seconds)
+        if config.quantization == Quantization.INT8:
+            executor = self._int8(model, executor, threads.threads)
         self.model = model
         if config.gc_freeze:
             self.metrics.gc_frozen_objects.set(freeze_after_load())
@@ -151,6 +159,15 @@ class ScoringService:
         self.ready = True
         self.metrics.ready.set(1)
         log.info("ready: %s", model.name)
+
+    def _int8(self, model: ScoringModel, reference: Executor, threads: int) -> Executor:
+        """The int8 engine, certified against the float32 one (`reference`), or CertificateFailed."""
+        executor, certificate = quantization.int8_executor(model, reference, self.config, threads)
+        self.metrics.int8_max_score_delta.set(certificate.max_score_delta)
+        self.metrics.int8_spearman.set(certificate.spearman)
+        self.metrics.int8_top10.set(certificate.top10)
+        quantization.check(certificate, self.config)
+        return executor
 
     def _prompt(self, model: ScoringModel) -> None:
         """--prompt-template and --label-tokens, resolved once with the model's tokenizer (or refused: the worker

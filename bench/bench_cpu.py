@@ -1,0 +1,223 @@
+"""The CPU tier (issue 23): rerank and embeddings with all-MiniLM-L6-v2, the Scorekeeper worker (float32 and int8)
+against vLLM's CPU server, Infinity, sentence-transformers and transformers, on the same CPUs, in one run.
+
+Work: 1 query (16 tokens) against 200 documents, a "short" mix (8–64 tokens each) and a "long" mix (32–224), seeded
+single-token words (bench_minilm.py), so every system gets the same token counts.
+- rerank: the MiniLM trunk with a seeded 1-logit head (BertForSequenceClassification, built once into
+  .cache/models/minilm-cross-encoder); relevance = sigmoid(logit). HTTP: scorekeeper, vLLM, Infinity (/rerank);
+  in-process, without HTTP: sentence-transformers `CrossEncoder.predict`, transformers padded batches of 32.
+- embed: the MiniLM embedding model; one request embeds the query and the documents, cosines client-side. HTTP:
+  scorekeeper, vLLM, Infinity (/embeddings); in-process: `SentenceTransformer.encode`, transformers padded.
+
+Every process is pinned to the same CPUs (this script pins itself; children inherit) with the same thread count
+(`--threads`); vLLM runs with its own binding ("auto": it keeps one core for its frontend). Repetitions go
+round-robin after a warm-up, alternating the order, with `--stress N` running `stress --cpu N` on the same CPUs
+throughout. Prints the CPU model, its ISA flags, each system's threads, then the tables with ratios to the best peer
+measured in the same run.
+
+    .venv/bin/python bench/bench_cpu.py                       # both tasks, both mixes, every system
+    .venv/bin/python bench/bench_cpu.py --stress 2            # the same with `stress --cpu 2` beside it
+    .venv/bin/python bench/bench_cpu.py --quick --tasks rerank --systems scorekeeper,scorekeeper-int8,vllm
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import http_servers
+from bench_minilm import MIXES, make_workload
+from common import REPO, Peer, log, markdown_table, max_abs_diff, median, set_threads
+
+CROSS_ENCODER_DIR = REPO / ".cache" / "models" / "minilm-cross-encoder"
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
+IN_PROCESS = {"rerank": {"st": "st-cross", "hf": "hf-cross"}, "embed": {"st": "st", "hf": "hf"}}
+LABELS = {"scorekeeper": "scorekeeper float32 (HTTP)", "scorekeeper-int8": "scorekeeper int8 (HTTP)",
+          "vllm": "vLLM CPU (HTTP)", "vllm-bind-all": "vLLM CPU, compute on every core (HTTP)",
+          "infinity": "Infinity (HTTP)", "st": "sentence-transformers (in-process)",
+          "hf": "transformers padded, batch 32 (in-process)"}
+OURS = ("scorekeeper", "scorekeeper-int8")
+
+
+def cross_encoder_dir() -> Path:
+    """MiniLM's trunk and pooler with a seeded 1-logit classifier head, saved once."""
+    if not (CROSS_ENCODER_DIR / "model.safetensors").exists():
+        import torch
+        from scorekeeper_worker.model.files import minilm_path
+        from transformers import AutoTokenizer, BertForSequenceClassification
+
+        torch.manual_seed(0)
+        model = BertForSequenceClassification.from_pretrained(minilm_path(), num_labels=1)
+        model.save_pretrained(CROSS_ENCODER_DIR)
+        AutoTokenizer.from_pretrained(minilm_path()).save_pretrained(CROSS_ENCODER_DIR)
+    return CROSS_ENCODER_DIR
+
+
+def cpu_description() -> tuple[str, list[str]]:
+    text = Path("/proc/cpuinfo").read_text()
+    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "?")
+    flags = next((set(line.split(":", 1)[1].split()) for line in text.splitlines() if line.startswith("flags")), set())
+    return model, [flag for flag in ISA_FLAGS if flag in flags]
+
+
+def start(system: str, task: str, model: Path, threads: int, cpus: set[int]) -> Any:
+    if system in OURS:
+        extra = ["--quantization", "int8"] if system == "scorekeeper-int8" else []
+        return http_servers.scorekeeper(system, model, threads, cpus, extra)
+    if system.startswith("vllm"):
+        return http_servers.vllm(model, cpus, "auto" if system == "vllm" else f"{min(cpus)}-{max(cpus)}")
+    if system == "infinity":
+        return http_servers.infinity(model, threads, cpus)
+    peer = Peer(IN_PROCESS[task][system], model, "float32", {"query": "", "items": []})
+    peer.threads = f"{threads} (OMP_NUM_THREADS)"  # type: ignore[attr-defined]
+    return peer
+
+
+def once(runner: Any, task: str, workload: dict[str, Any]) -> tuple[float, list[float]]:
+    if isinstance(runner, Peer):
+        seconds, result = runner.run(workload={"query": workload["query"], "items": workload["items"]})
+        return seconds, result["scores"]
+    call = runner.rerank if task == "rerank" else runner.embed
+    return call(workload["query"], workload["items"])  # type: ignore[no-any-return]
+
+
+def run_task(task: str, systems: list[str], workloads: dict[str, dict[str, Any]], args: argparse.Namespace,
+             cpus: set[int]) -> list[dict[str, Any]]:
+    from scorekeeper_worker.model.files import minilm_path
+
+    model = cross_encoder_dir() if task == "rerank" else minilm_path()
+    runners: dict[str, Any] = {}
+    records: list[dict[str, Any]] = []
+    stress = None
+    try:
+        for system in systems:
+            why = http_servers.available(system)
+            try:
+                if why is None:
+                    runners[system] = start(system, task, model, args.threads, cpus)
+            except RuntimeError as error:
+                why = str(error).splitlines()[0][:200]
+            if why is not None:
+                log(f"{system} unavailable: {why}")
+                records += [{"task": task, "mix": mix, "system": system, "unavailable": why} for mix in workloads]
+        if args.stress:
+            stress = subprocess.Popen(["stress", "--cpu", str(args.stress)], stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL, start_new_session=True)
+        for mix, workload in workloads.items():
+            times: dict[str, list[float]] = {s: [] for s in runners}
+            scores: dict[str, list[float]] = {}
+            for _ in range(args.warmup):
+                for system, runner in runners.items():
+                    _, scores[system] = once(runner, task, workload)
+            for rep in range(args.reps):
+                for system in list(runners) if rep % 2 == 0 else list(reversed(runners)):
+                    times[system].append(once(runners[system], task, workload)[0])
+                log(f"{task} {mix} rep {rep + 1}/{args.reps}: "
+                    + ", ".join(f"{s} {times[s][-1]:.2f}s" for s in runners))
+            records += [{"task": task, "mix": mix, "system": s, "times": times[s], "scores": scores[s],
+                         "threads": runners[s].threads, "items_per_s": len(workload["items"]) / median(times[s])}
+                        for s in runners]
+    finally:
+        if stress is not None:
+            os.killpg(stress.pid, 15)
+            stress.wait(30)
+        for runner in runners.values():
+            runner.close()
+    return records
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    from scorekeeper_worker.serving.quantization import spearman as rank_correlation
+
+    return rank_correlation(a, b)
+
+
+def report(records: list[dict[str, Any]]) -> str:
+    out = []
+    for task in dict.fromkeys(r["task"] for r in records):
+        for mix in dict.fromkeys(r["mix"] for r in records if r["task"] == task):
+            group = [r for r in records if r["task"] == task and r["mix"] == mix]
+            ran = [r for r in group if "unavailable" not in r]
+            peers = [r for r in ran if r["system"] not in OURS]
+            best = max(peers, key=lambda r: r["items_per_s"]) if peers else None
+            reference = next((r["scores"] for r in ran if r["system"] == "hf"), None)
+            rows = []
+            for r in group:
+                if "unavailable" in r:
+                    rows.append([LABELS[r["system"]], "", "unavailable", "", "", "", r["unavailable"][:60]])
+                    continue
+                ratio = f"{r['items_per_s'] / best['items_per_s']:.2f}×" if best else "n/a"
+                diff = f"{max_abs_diff(r['scores'], reference):.1e}" if reference else "n/a"
+                rank = f"{spearman(reference, r['scores']):.4f}" if reference else "n/a"
+                rows.append([LABELS[r["system"]], r["threads"], f"{r['items_per_s']:.1f}",
+                             f"{1000 * median(r['times']):.0f}", ratio, diff, rank])
+            out.append(f"\n### {task}, {mix} mix\n")
+            out.append(markdown_table(["system", "threads", "items/s", "ms/request", "vs best peer",
+                                       "max |Δ| vs fp32 transformers", "Spearman vs fp32 transformers"], rows))
+            by = {r["system"]: r for r in ran}
+            if best and "scorekeeper" in by:
+                sk = by["scorekeeper"]
+                rounds = [b / s for s, b in zip(sk["times"], best["times"], strict=False)]
+                out.append(f"\nfloat32: scorekeeper / best peer ({LABELS[best['system']]}) = "
+                           f"{sk['items_per_s'] / best['items_per_s']:.2f}× (per round {min(rounds):.2f}–"
+                           f"{max(rounds):.2f}×); target ≥ 1.15×")
+            if "scorekeeper" in by and "scorekeeper-int8" in by:
+                int8, fp32 = by["scorekeeper-int8"], by["scorekeeper"]
+                speedup = int8["items_per_s"] / fp32["items_per_s"]
+                out.append(f"int8: scorekeeper int8 / scorekeeper float32 = {speedup:.2f}×, "
+                           f"Spearman vs scorekeeper float32 {spearman(fp32['scores'], int8['scores']):.4f}; "
+                           "target ≥ 2× (AVX2), ≥ 3× (AVX-512 VNNI or AMX), Spearman ≥ 0.99")
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tasks", default="rerank,embed")
+    parser.add_argument("--mix", default="short,long")
+    parser.add_argument("--systems", default="scorekeeper,scorekeeper-int8,vllm,infinity,st,hf",
+                        help=f"comma-separated, of: {', '.join(LABELS)}")
+    parser.add_argument("--cpus", help="CPU list every process is pinned to, e.g. 0-1 (default: this process's)")
+    parser.add_argument("--threads", type=int, help="threads per system (default: the CPUs pinned to)")
+    parser.add_argument("--stress", type=int, default=0, help="run `stress --cpu N` on the same CPUs throughout")
+    parser.add_argument("--items", type=int, default=200)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="3 repetitions after 1 warm-up")
+    parser.add_argument("--json", type=Path, help="write the raw records here")
+    args = parser.parse_args()
+    if args.quick:
+        args.reps, args.warmup = 3, 1
+    if args.cpus:
+        low, _, high = args.cpus.partition("-")
+        os.sched_setaffinity(0, set(range(int(low), int(high or low) + 1)))
+    cpus = os.sched_getaffinity(0)
+    args.threads = args.threads or len(cpus)
+    set_threads(args.threads)
+    from scorekeeper_worker.model.files import minilm_path
+
+    workloads = {mix: make_workload(minilm_path(), mix, args.items, args.seed) for mix in args.mix.split(",")}
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    records: list[dict[str, Any]] = []
+    for task in args.tasks.split(","):
+        records += run_task(task, args.systems.split(","), workloads, args, cpus)
+    model, flags = cpu_description()
+    print(f"\nCPU: {model}; ISA flags: {', '.join(flags) or 'none of ' + ', '.join(ISA_FLAGS)}; pinned to CPUs "
+          f"{sorted(cpus)}; load average before the run {load}; stress --cpu {args.stress or 'off'}; "
+          f"{args.reps} repetitions after {args.warmup} warm-up, medians; 1 query × {args.items} documents: "
+          + "; ".join(f"{m} mix {MIXES[m][0]}–{MIXES[m][1]} tokens, {w['tokens']} tokens in all"
+                      for m, w in workloads.items()))
+    print(report(records))
+    if args.json:
+        args.json.write_text(json.dumps(records, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""`--quantization int8` at start-up: calibrate, quantize, and certify the int8 model against float32, or refuse.
+
+Calibration blocks are recorded by running the calibration requests through the engine (serving/probe_texts.py),
+so they are planned, packed and split into blocks exactly like served requests. The certificate scores the fixed
+probe set (8 queries × 48 passages) through the float32 engine and through the int8 engine, both as the server
+plans requests, and compares them: the largest |Δscore|, Spearman's rank correlation of each query's 48 scores
+(the mean over the queries) and top-10 agreement (the share of each query's float32 top 10 that int8 also ranks in
+its top 10, averaged). Below `--quantization-min-spearman` (or the optional bounds on |Δscore| and top-10 agreement)
+the worker refuses to become ready, like any other load failure (exit status 3, termination message)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from scorekeeper_worker.config import WorkerConfig
+from scorekeeper_worker.contract.schemas import ScoreRequest
+from scorekeeper_worker.engine.executor import Executor
+from scorekeeper_worker.engine.int8_trunk import RecordingTrunk, quantize
+from scorekeeper_worker.engine.jobs import ScoreJob
+from scorekeeper_worker.engine.packing import PackUnit
+from scorekeeper_worker.model.loader import ModelKind, ScoringModel
+from scorekeeper_worker.planning.planner import plan, tokenize
+from scorekeeper_worker.serving.probe_texts import calibration_requests, certificate_requests
+
+log = logging.getLogger(__name__)
+TOP = 10
+QUANTIZABLE = (ModelKind.CROSS_ENCODER, ModelKind.EMBEDDING)  # encoders (classifier kinds are decoders)
+
+
+@dataclass(frozen=True)
+class Certificate:
+    max_score_delta: float
+    spearman: float
+    top10: float
+    pairs: int
+    seconds: float  # calibration, quantization and both scoring passes
+
+
+class CertificateFailed(RuntimeError):
+    """int8 scores are too far from float32 scores on the probe set: the worker refuses to serve them."""
+
+
+def _batches(units: list[PackUnit], budget: int) -> list[list[PackUnit]]:
+    batches: list[list[PackUnit]] = [[]]
+    size = 0
+    for unit in units:
+        if batches[-1] and size + unit.num_tokens > budget:
+            batches.append([])
+            size = 0
+        batches[-1].append(unit)
+        size += unit.num_tokens
+    return batches
+
+
+def text_scores(model: ScoringModel, executor: Executor, requests: list[tuple[str, list[str]]],
+                max_batch_tokens: int) -> list[list[float]]:
+    """Each request planned as the server plans a text request (long texts cut to fit), run in batches of the
+    server's budget; the score of each item: its first value (a cosine, a single logit) or, with several labels,
+    its last (the positive class of a two-class cross-encoder)."""
+    loop = asyncio.new_event_loop()
+    try:
+        jobs, units = [], []
+        for query, items in requests:
+            request = ScoreRequest(query=query, items=items, truncate=True)
+            job = ScoreJob(num_items=len(items), apply_softmax=False, temperature=1.0, labels=None, want_pooled=False,
+                           prompt_tokens=0, multi_item=False, future=loop.create_future(), loop=loop)
+            job_plan = plan(model, request, tokenize(model, request), job, False, max_batch_tokens, None)
+            job.remaining = sum(len(unit.pools) for unit in job_plan.units)
+            jobs.append(job)
+            units += job_plan.units
+        for batch in _batches(units, max_batch_tokens):
+            executor.run(batch)
+    finally:
+        loop.close()
+    return [[float(row[-1]) for row in job.scores if row is not None] for job in jobs]
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    ranks = np.empty(len(values))
+    ranks[np.argsort(values, kind="stable")] = np.arange(len(values))
+    return ranks
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation (Pearson's on the ranks); 1.0 when either side is constant and both agree."""
+    ra, rb = _ranks(np.asarray(a)), _ranks(np.asarray(b))
+    if ra.std() == 0 or rb.std() == 0:
+        return 1.0 if np.array_equal(np.asarray(a), np.asarray(b)) else 0.0
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def top_agreement(reference: list[float], other: list[float], top: int = TOP) -> float:
+    best = set(np.argsort(-np.asarray(reference), kind="stable")[:top].tolist())
+    return len(best & set(np.argsort(-np.asarray(other), kind="stable")[:top].tolist())) / min(top, len(reference))
+
+
+def compare(reference: list[list[float]], other: list[list[float]], seconds: float = 0.0) -> Certificate:
+    """Per-query rankings of float32 (`reference`) and int8 scores → the certificate."""
+    deltas = [abs(a - b) for ref, oth in zip(reference, other, strict=True) for a, b in zip(ref, oth, strict=True)]
+    return Certificate(
+        max_score_delta=max(deltas),
+        spearman=float(np.mean([spearman(ref, oth) for ref, oth in zip(reference, other, strict=True)])),
+        top10=float(np.mean([top_agreement(ref, oth) for ref, oth in zip(reference, other, strict=True)])),
+        pairs=len(deltas), seconds=seconds)
+
+
+def check(certificate: Certificate, config: WorkerConfig) -> None:
+    """The configured thresholds; one message naming every one that failed."""
+    failed = []
+    if not certificate.spearman >= config.quantization_min_spearman:
+        failed.append(f"Spearman {certificate.spearman:.4f} < {config.quantization_min_spearman} "
+                      "(--quantization-min-spearman)")
+    bound = config.quantization_max_score_delta
+    if bound is not None and not certificate.max_score_delta <= bound:
+        failed.append(f"max |Δscore| {certificate.max_score_delta:.3g} > {bound} (--quantization-max-score-delta)")
+    if config.quantization_min_top10 is not None and not certificate.top10 >= config.quantization_min_top10:
+        failed.append(f"top-10 agreement {certificate.top10:.3f} < {config.quantization_min_top10} "
+                      "(--quantization-min-top10)")
+    if failed:
+        raise CertificateFailed(
+            f"int8 accuracy certificate failed against float32 on the fixed probe set ({certificate.pairs} "
+            f"query-passage pairs): {'; '.join(failed)}. The int8 model would rank differently from the float32 "
+            "model, so the worker refuses to serve it; run without --quantization (float32), or lower the threshold "
+            "if this accuracy is acceptable.")
+
+
+def int8_executor(model: ScoringModel, reference: Executor, config: WorkerConfig,
+                  threads: int) -> tuple[Executor, Certificate]:
+    """Calibrate and quantize the trunk, then certify it against the float32 engine `reference`."""
+    if model.kind not in QUANTIZABLE:
+        raise ValueError(f"--quantization int8 serves encoder cross-encoders and embedding models; this model is a "
+                         f"{model.kind.value} (a decoder), which runs in its --dtype")
+    started = time.perf_counter()
+    recording = RecordingTrunk(model.hidden_size)
+    text_scores(model, Executor(model, trunk=recording), calibration_requests(), config.max_batch_tokens)
+    executor = Executor(model, trunk=quantize(model, recording.blocks, threads))
+    requests = certificate_requests()
+    float32 = text_scores(model, reference, requests, config.max_batch_tokens)
+    int8 = text_scores(model, executor, requests, config.max_batch_tokens)
+    certificate = compare(float32, int8, time.perf_counter() - started)
+    log.info("int8 accuracy certificate: max |Δscore| %.3g, Spearman %.4f, top-10 agreement %.3f on %d pairs "
+             "(%.1f s)", certificate.max_score_delta, certificate.spearman, certificate.top10, certificate.pairs,
+             certificate.seconds)
+    return executor, certificate
