@@ -31,6 +31,7 @@ from scorekeeper_worker.engine.jobs import ScoreJob
 from scorekeeper_worker.kernels.attention import ATTENTION_NAME
 from scorekeeper_worker.model.dtypes import dtype_name
 from scorekeeper_worker.model.loader import ModelKind, Pooling, ScoringModel
+from scorekeeper_worker.model.rope import transformers_rotary
 from scorekeeper_worker.planning.planner import plan, tokenize
 
 # Wide enough for reordered float arithmetic of the dtype, far below what a leak between sequences, a wrong head,
@@ -151,7 +152,8 @@ def _eager_attention(model: ScoringModel) -> Iterator[None]:
         return
     model.model.set_attn_implementation("eager")
     try:
-        yield
+        with transformers_rotary(model.model):
+            yield
     finally:
         model.model.set_attn_implementation(ATTENTION_NAME)
 
