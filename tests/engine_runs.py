@@ -9,11 +9,14 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from scorekeeper_worker.contract.errors import BadRequest
 from scorekeeper_worker.contract.schemas import ScoreRequest
 from scorekeeper_worker.engine.executor import Executor
 from scorekeeper_worker.engine.jobs import ScoreJob
 from scorekeeper_worker.model.loader import ModelKind, ScoringModel
 from scorekeeper_worker.planning.planner import plan, tokenize
+
+Rows = list[list[float]]
 
 
 def variant(source: Path, target: Path, **config: Any) -> Path:
@@ -25,28 +28,55 @@ def variant(source: Path, target: Path, **config: Any) -> Path:
     return target
 
 
-def one_batch(model: ScoringModel, requests: list[ScoreRequest], multi_item: bool = False,
-              delimiter: int | None = None, max_batch_tokens: int = 1 << 20) -> list[list[list[float]]]:
-    """Every request planned like the server plans it (multi-item for decoders when `multi_item`), all their units
-    in one executor batch; the score rows of each request."""
+def _labels(model: ScoringModel, request: ScoreRequest, rows_of: list[int]) -> list[list[int]] | None:
+    if model.kind != ModelKind.CAUSAL_LM:
+        return None
+    labels = request.label_token_ids if request.label_token_ids is not None else model.default_labels
+    assert labels is not None
+    per_item = labels if isinstance(labels[0], list) else [labels] * len(request.item_list)
+    return [per_item[row] for row in rows_of]  # type: ignore[misc]
+
+
+def outcomes(model: ScoringModel, requests: list[ScoreRequest], multi_item: bool = False,
+             delimiter: int | None = None, max_batch_tokens: int = 1 << 20) -> list[Rows | BadRequest]:
+    """Every request planned like the server plans it (multi-item for decoders when `multi_item`, or as the request
+    asks), the units of all that plan in one executor batch: each request's score rows, or the 400 it got."""
     loop = asyncio.new_event_loop()
     try:
-        jobs, units = [], []
+        jobs: list[ScoreJob | BadRequest] = []
+        units = []
         for request in requests:
-            labels = request.label_token_ids
-            per_item = labels if labels and isinstance(labels[0], list) else [labels] * len(request.item_list)
-            tokens = tokenize(model, request)
-            job = ScoreJob(num_items=len(tokens.items), apply_softmax=request.apply_softmax,
-                           temperature=request.temperature,
-                           labels=[per_item[row] for row in tokens.rows_of] if model.kind == ModelKind.CAUSAL_LM
-                           else None, want_pooled=False, prompt_tokens=0, multi_item=False,
-                           future=loop.create_future(), loop=loop)
-            job_plan = plan(model, request, tokens, job, multi_item and model.is_decoder, max_batch_tokens, delimiter)
+            mis = request.multi_item_scoring if request.multi_item_scoring is not None else multi_item
+            try:
+                tokens = tokenize(model, request)
+                job = ScoreJob(num_items=len(tokens.items), apply_softmax=request.apply_softmax,
+                               temperature=request.temperature, labels=_labels(model, request, tokens.rows_of),
+                               want_pooled=False, prompt_tokens=0, multi_item=False, future=loop.create_future(),
+                               loop=loop)
+                job_plan = plan(model, request, tokens, job, mis and model.is_decoder, max_batch_tokens, delimiter)
+            except BadRequest as refused:
+                jobs.append(refused)
+                continue
             job.remaining = sum(len(unit.pools) for unit in job_plan.units)
             jobs.append(job)
             units += job_plan.units
-        Executor(model).run(units)
+        if units:
+            Executor(model).run(units)
     finally:
         loop.close()
-    assert all(job.remaining == 0 for job in jobs)
-    return [[list(row or []) for row in job.scores] for job in jobs]
+    results: list[Rows | BadRequest] = []
+    for job in jobs:
+        if isinstance(job, BadRequest):
+            results.append(job)
+        else:
+            assert job.remaining == 0
+            results.append([list(row or []) for row in job.scores])
+    return results
+
+
+def one_batch(model: ScoringModel, requests: list[ScoreRequest], multi_item: bool = False,
+              delimiter: int | None = None, max_batch_tokens: int = 1 << 20) -> list[Rows]:
+    """`outcomes` of requests that must all be scored."""
+    results = outcomes(model, requests, multi_item, delimiter, max_batch_tokens)
+    assert not any(isinstance(result, BadRequest) for result in results), results
+    return results  # type: ignore[return-value]
