@@ -21,9 +21,10 @@ from scorekeeper_worker.model.loader import ModelKind, ScoringModel
 # token, and one request per simulated client.
 _SHAPES = ((12, (1, 7, 30)), (3, (18, 5)))
 WINDOW_PROBE_LIMIT = 512  # a window up to this long gets a sequence that crosses it on both sides
-# The longest edge probe: the model's maximum position when it is at most this, else this (the eager reference's
-# attention is quadratic in the length; the conformance suite covers longer thresholds on tiny models).
-LONG_PROBE_LIMIT = 1024
+# The longest edge probe: the model's maximum position when it is at most this (encoders' usual maximum), else this:
+# on a large decoder a longer probe costs seconds of CPU at every start; the conformance suite covers longer
+# thresholds on tiny models.
+LONG_PROBE_LIMIT = 512
 _SHORT = 9  # the short sequences co-batched with the long one
 
 
