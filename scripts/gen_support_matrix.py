@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO / "worker") not in sys.path:  # importable without an installed package
     sys.path.insert(0, str(REPO / "worker"))
 
+from scorekeeper_worker.model.config_keys import CONFIG_KEYS, ConfigKey  # noqa: E402
 from scorekeeper_worker.model.support import MATRIX, HeadStep, KindSupport, PoolingSource  # noqa: E402
 
 OUTPUT = REPO / "docs" / "support-matrix.md"
@@ -22,7 +23,8 @@ REGENERATE = "python scripts/gen_support_matrix.py"
 
 INTRO = f"""# Support matrix
 
-<!-- Generated from worker/scorekeeper_worker/model/support.py by `{REGENERATE}`; do not edit. -->
+<!-- Generated from worker/scorekeeper_worker/model/support.py and model/config_keys.py by `{REGENERATE}`; do not
+edit. -->
 
 The worker serves exactly these architectures, as exactly these kinds, and refuses to start on anything else with a
 message that names the model's architecture and this list. "Supported" means three things: the engine implements
@@ -37,7 +39,22 @@ when transformers would initialise any parameter at random or could not load it 
 head stored under other names, e.g. a `*ForRewardModel` head), and when its sentence-transformers configuration asks
 for anything the engine does not implement (Dense layers, max pooling, a chat-template modality, ...: the file and key
 are named). The head column lists the model's own modules, applied in order to the pooled rows; "(sequence)" marks a
-module that reads the first token of a sequence.
+module that reads the first token of a sequence. Within an architecture, the config values the engine implements are
+listed [below](#config-keys-unknown-means-refused): any other value is refused at start-up, naming the key. The
+conformance suite (`tests/conformance/`) generates tiny models over these variations and compares every score with
+transformers.
+"""
+
+CONFIG_INTRO = """
+## Config keys: unknown means refused
+
+The config keys each architecture's forward depends on, and the values the engine implements. A checkpoint with
+another value is refused at start-up: `config key KEY = VALUE is not implemented by the engine for MODEL_TYPE
+(implemented: ...)`. "any": the engine implements every value. `a.b` is key `b` of the dict `a`; `a.*.b`, of each
+per-layer-type dict.
+
+| model_type | key | implemented values (default when absent) | what the engine does |
+| --- | --- | --- | --- |
 """
 
 KIND_NAMES = {"causal_lm": "causal LM (label tokens)", "classifier": "classifier / reward",
@@ -103,6 +120,19 @@ def _pooling(kind: KindSupport) -> str:
     return {"cls": "first token", "mean": "mean", "last": "last token"}[kind.pooling]
 
 
+def _values(key: ConfigKey) -> str:
+    if key.values is None:
+        return "any"
+    listed = ", ".join(f"`{value!r}`" if not isinstance(value, str) else f"`{value}`" for value in key.values)
+    return listed + (f" (`{key.default}`)" if key.default is not None else "")
+
+
+def _config_keys() -> str:
+    rows = [f"| `{model_type}` | `{key.key}` | {_values(key)} | {key.meaning} |"
+            for model_type, keys in CONFIG_KEYS.items() for key in keys]
+    return CONFIG_INTRO + "\n".join(rows) + "\n"
+
+
 def render() -> str:
     lines = [INTRO, "| model_type | architecture | kind | pooling | head | attention | execution |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -111,7 +141,7 @@ def render() -> str:
             lines.append(f"| `{arch.model_type}` | `{arch.class_prefix}{kind.class_suffix}` | "
                          f"{_kind(kind)} | {_pooling(kind)} | {_head(kind)} | "
                          f"{', '.join(arch.attention)} | {arch.execution} |")
-    return "\n".join(lines) + "\n" + NOTES
+    return "\n".join(lines) + "\n" + _config_keys() + NOTES
 
 
 def main() -> None:

@@ -177,13 +177,19 @@ def _pooled_tensor(model: PreTrainedModel, ids: list[int], token_type_ids: list[
     if model_type == "modernbert":  # ModernBertForSequenceClassification pools by config.classifier_pooling
         hidden = out.last_hidden_state[0]
         return hidden[0] if model.config.classifier_pooling == "cls" else hidden.mean(dim=0)
-    # Decoder SeqCls: final hidden state (after the final norm) at the last token.
-    return out.last_hidden_state[0, -1]
+    # Decoder SeqCls: final hidden state (after the final norm) at the last token that is not pad_token_id, by
+    # transformers' own formula (GenericForSequenceClassification).
+    pad = model.config.pad_token_id
+    if pad is None:
+        return out.last_hidden_state[0, -1]
+    index = (torch.arange(input_ids.shape[-1]) * (input_ids[0] != pad).int()).argmax()
+    return out.last_hidden_state[0, index]
 
 
 def classifier_pooled(model: PreTrainedModel, ids: list[int], token_type_ids: list[int] | None = None) -> list[float]:
-    """Pre-head vector: decoder SeqCls -> final-norm hidden state at the last token; BERT -> pooler output;
-    RoBERTa, XLM-R, ELECTRA, DeBERTa-v2 -> hidden state of the first token; ModernBERT -> its classifier pooling."""
+    """Pre-head vector: decoder SeqCls -> final-norm hidden state at the last token that is not pad; BERT -> pooler
+    output; RoBERTa, XLM-R, ELECTRA, DeBERTa-v2 -> hidden state of the first token; ModernBERT -> its classifier
+    pooling."""
     return _pooled_tensor(model, ids, token_type_ids).double().tolist()
 
 
@@ -198,21 +204,17 @@ def classifier_scores(
 
     apply_softmax=False: raw logits. True: softmax(logits / T) over classes, or sigmoid(logit / T) for num_labels=1.
 
-    Decoder SeqCls models are scored by applying their `score` head to the last token's hidden state. HF's own
-    forward instead pools at the rightmost token that is not pad_token_id, which differs only when the sequence ends
-    with the pad token (a server pools at the sequence's last token; tests check the two agree otherwise).
+    Every kind through the model's own forward: decoder SeqCls models pool at the rightmost token that is not
+    pad_token_id (position 0 when every token is pad), encoders number positions their own way.
     """
     import torch
 
     _check_temperature(apply_softmax, temperature)
+    kwargs: dict[str, Any] = {}
+    if token_type_ids is not None and _is_encoder(model):
+        kwargs["token_type_ids"] = torch.tensor([token_type_ids], dtype=torch.long, device=model.device)
     with torch.no_grad():
-        if _is_encoder(model):
-            kwargs: dict[str, Any] = {}
-            if token_type_ids is not None:
-                kwargs["token_type_ids"] = torch.tensor([token_type_ids], dtype=torch.long, device=model.device)
-            logits = model(input_ids=_tensor(ids, model), **kwargs).logits[0]
-        else:
-            logits = model.score(_pooled_tensor(model, ids, None))
+        logits = model(input_ids=_tensor(ids, model), **kwargs).logits[0]
     logits = logits.double()
     if not apply_softmax:
         return logits.tolist()

@@ -256,7 +256,8 @@ _POOLING_KEYS = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tok
                  "lasttoken": "pooling_mode_lasttoken"}
 
 
-def _write_sentence_transformers_files(out: Path, dim: int, pooling: str) -> None:
+def _write_sentence_transformers_files(out: Path, dim: int, pooling: str,
+                                       max_seq_length: int = ENCODER_MAX_POSITIONS) -> None:
     """The files that make sentence-transformers (and our server) treat a *Model dir as a bi-encoder."""
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
@@ -269,7 +270,7 @@ def _write_sentence_transformers_files(out: Path, dim: int, pooling: str) -> Non
     (out / "1_Pooling").mkdir()
     (out / "1_Pooling" / "config.json").write_text(json.dumps(settings, indent=2))
     (out / "sentence_bert_config.json").write_text(
-        json.dumps({"max_seq_length": ENCODER_MAX_POSITIONS, "do_lower_case": False})
+        json.dumps({"max_seq_length": max_seq_length, "do_lower_case": False})
     )
 
 
@@ -282,35 +283,41 @@ def tokenizer_for(spec: TinySpec) -> PreTrainedTokenizerBase:
                                     added=spec.added_tokens)
 
 
-def _save(name: TinyModel, out: Path) -> None:
+def _save(name: TinyModel, out: Path, config_edits: dict[str, Any] | None = None) -> None:
     import torch
 
     spec = SPECS[name]
     tok = tokenizer_for(spec)
     config = _encoder_config(spec, tok) if spec.encoder else _decoder_config(spec.family, tok, spec.num_labels)
+    if config_edits:  # rebuilt from the merged settings, so derived fields (layer types, RoPE) follow the edits
+        config = type(config).from_dict(config.to_dict() | config_edits)
     # A seed derived from the name (not the list position), so adding a model never changes the others' weights.
     torch.manual_seed(SEED + zlib.crc32(name.value.encode()))
     model = _make_model(spec, config)
     model.save_pretrained(out)
     tok.save_pretrained(out)
     if spec.kind == "embedding":
-        _write_sentence_transformers_files(out, config.hidden_size, spec.pooling)
+        offset = config.pad_token_id + 1 if spec.family in ("xlmr", "roberta") else 0
+        _write_sentence_transformers_files(out, config.hidden_size, spec.pooling,
+                                           min(ENCODER_MAX_POSITIONS, config.max_position_embeddings - offset))
 
 
-def build(name: TinyModel | str, out_dir: Path | str) -> Path:
-    """Build the tiny model `name` into `out_dir / name` and return that directory.
+def build(name: TinyModel | str, out_dir: Path | str, variant: str | None = None,
+          config_edits: dict[str, Any] | None = None) -> Path:
+    """Build the tiny model `name` into `out_dir / name` and return that directory; with `variant`, into
+    `out_dir / name-variant`, its config built with `config_edits` (weights of the edited shapes, same seed).
 
     Reuses an existing complete build (the output is deterministic); writes to a temporary sibling directory first and
     renames it, so a crashed or concurrent build never leaves a half-written model behind.
     """
     name = TinyModel(name)
-    target = Path(out_dir) / name.value
+    target = Path(out_dir) / (name.value if variant is None else f"{name.value}-{variant}")
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name.value}-", dir=target.parent))
     try:
-        _save(name, tmp)
+        _save(name, tmp, config_edits)
         # mkdtemp and transformers' weight writes are owner-only; a server under test may run as another user.
         for path in [tmp, *tmp.rglob("*")]:
             path.chmod(0o755 if path.is_dir() else 0o644)

@@ -16,6 +16,7 @@ from scorekeeper_worker.engine.executor import Executor
 from scorekeeper_worker.kernels.attention import ATTENTION_NAME
 from scorekeeper_worker.metrics import WorkerMetrics
 from scorekeeper_worker.model.loader import load_model
+from scorekeeper_worker.serving import probes as probe_sets
 from scorekeeper_worker.serving import selfcheck
 from scorekeeper_worker.serving.service import ScoringService
 from serving import RunningServer
@@ -29,7 +30,7 @@ def test_probe_set_fits_every_limit(name: str, budget: int, max_items: int, mis:
                                     tiny_model: Callable[[str], Path]) -> None:
     model = load_model(tiny_model(name), DType.FLOAT32, "cpu", "t")
     delimiter = 3 if mis else None
-    probes = selfcheck.probes(model, budget, max_items, mis, delimiter)
+    probes = probe_sets.probes(model, budget, max_items, mis, delimiter)
     assert len(probes) >= 2 and all(1 <= len(p.items) <= max_items for p in probes)
     assert sum(len(p.items) for p in probes) >= 3
     labels = [[[0, 1]] * len(p.items) if model.kind == "causal_lm" else None for p in probes]
@@ -38,7 +39,7 @@ def test_probe_set_fits_every_limit(name: str, budget: int, max_items: int, mis:
     if budget == 8192:  # room for everything: mixed lengths, and a window crossed on both sides where there is one
         lengths = {len(p.query) + len(item) for p in probes for item in p.items}
         assert len(lengths) >= 4
-        window = selfcheck._window(model)
+        window = probe_sets.smallest_window(model)
         assert window is None or max(lengths) > 2 * window
         assert any(p.multi_item for p in probes) == (mis and model.is_decoder)
 

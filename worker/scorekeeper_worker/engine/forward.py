@@ -9,6 +9,7 @@ import torch
 
 from scorekeeper_worker.engine.packing import ForwardInputs
 from scorekeeper_worker.model.loader import ScoringModel
+from scorekeeper_worker.model.rope import per_token_tables
 
 
 class PaddedTrunk(Protocol):
@@ -46,8 +47,9 @@ def pooled_rows(model: ScoringModel, inputs: ForwardInputs, trunk: PaddedTrunk |
         hidden = padded_hidden(trunk, inputs)
     elif model.packed:
         extra = {} if inputs.token_type_ids is None else {"token_type_ids": inputs.token_type_ids}
-        output = model.trunk(input_ids=inputs.input_ids, position_ids=inputs.position_ids,
-                             scorekeeper_layout=inputs.layout, use_cache=False, **extra)
+        with per_token_tables(inputs.rope_table):
+            output = model.trunk(input_ids=inputs.input_ids, position_ids=inputs.position_ids,
+                                 scorekeeper_layout=inputs.layout, use_cache=False, **extra)
         hidden = output.last_hidden_state[0]
     else:
         hidden = padded_hidden(model.trunk, inputs)

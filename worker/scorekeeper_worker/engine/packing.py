@@ -32,7 +32,14 @@ class PackUnit:
     visible_prefix: int = 0  # context tokens the items attend to (the query without its delimiter)
     token_types: list[int] | None = None  # for the context row (encoders)
     position_start: int = 0  # first position id (2 for XLM-R, whose positions start after padding_idx)
+    positions: list[int] | None = None  # the context row's position ids where they are not position_start + index
+    rope_table: int = 0  # the RoPE table of every token of the unit (model/rope.py)
     pools: list[Pool] = field(default_factory=list)
+
+    def context_positions(self) -> list[int]:
+        if self.positions is not None:
+            return self.positions
+        return list(range(self.position_start, self.position_start + len(self.context)))
 
     @property
     def num_tokens(self) -> int:
@@ -74,6 +81,7 @@ class ForwardInputs:
     pool_weight: torch.Tensor  # [M] 1 / tokens pooled into that vector
     owners: list[Any]  # one per pooled vector
     num_tokens: int
+    rope_table: torch.Tensor  # [T] the RoPE table of each token
     padding_tokens: int = 0
     pool_rows: int = 0  # rows of the pooled output: len(owners), or a bucket's slots + 1 (the scratch slot)
 
@@ -81,8 +89,8 @@ class ForwardInputs:
         """Every tensor a forward pass reads, in a fixed order (CUDA-graph static buffers are refilled from it)."""
         tokens = self.layout.tokens.tensors() if self.layout.tokens is not None else []
         types = [] if self.token_type_ids is None else [self.token_type_ids]
-        return [self.input_ids, self.position_ids, *types, *tokens, self.pool_token_index, self.pool_slot,
-                self.pool_weight]
+        return [self.input_ids, self.position_ids, *types, *tokens, self.rope_table, self.pool_token_index,
+                self.pool_slot, self.pool_weight]
 
 
 @dataclass
@@ -152,11 +160,12 @@ def build_inputs(units: list[PackUnit], device: torch.device, kind: LayoutKind =
     pool_slot: list[int] = []
     pool_weight: list[float] = []
     owners: list[Any] = []
+    tables: list[int] = []
     uses_token_types = any(u.token_types is not None for u in units)
 
     for unit in units:
         start = len(ids)
-        context_positions = list(range(unit.position_start, unit.position_start + len(unit.context)))
+        context_positions = unit.context_positions()
         row = _Row(list(range(start, start + len(unit.context))), context_positions)
         context_rows.append(row)
         ids += unit.context
@@ -172,6 +181,7 @@ def build_inputs(units: list[PackUnit], device: torch.device, kind: LayoutKind =
             ids += item
             positions += item_positions
             token_types += [0] * len(item)
+        tables += [unit.rope_table] * unit.num_tokens
         _add_pools(unit, start, pool_token, pool_slot, pool_weight, owners)
 
     spare = len(ids)
@@ -190,6 +200,7 @@ def build_inputs(units: list[PackUnit], device: torch.device, kind: LayoutKind =
         pool_weight=torch.tensor(pool_weight, dtype=torch.float32, device=device),
         owners=owners,
         num_tokens=len(ids),
+        rope_table=_tensor(tables, device),
     )
 
 
@@ -206,6 +217,7 @@ def _build_token_inputs(units: list[PackUnit], device: torch.device, kind: Layou
     pool_slot: list[int] = []
     pool_weight: list[float] = []
     owners: list[Any] = []
+    tables: list[int] = []
     rows = 0
 
     for unit in units:
@@ -213,7 +225,7 @@ def _build_token_inputs(units: list[PackUnit], device: torch.device, kind: Layou
         query_segment = rows
         rows += 1
         ids += unit.context
-        positions += range(unit.position_start, unit.position_start + len(unit.context))
+        positions += unit.context_positions()
         token_types += unit.token_types or [0] * len(unit.context)
         segment += [query_segment] * len(unit.context)
         context += [-1] * len(unit.context)
@@ -229,6 +241,7 @@ def _build_token_inputs(units: list[PackUnit], device: torch.device, kind: Layou
             offset += range(len(item))
             prefix += [unit.visible_prefix] * len(item)
             rows += 1
+        tables += [unit.rope_table] * unit.num_tokens
         _add_pools(unit, start, pool_token, pool_slot, pool_weight, owners)
 
     live = len(ids)
@@ -243,6 +256,7 @@ def _build_token_inputs(units: list[PackUnit], device: torch.device, kind: Layou
         context += [-1] * pad
         offset += [0] * pad
         prefix += [0] * pad
+        tables += [0] * pad
         spare = shape.contributions - len(pool_token)
         pool_token += [shape.tokens - 1] * spare  # any token: the weight is zero and the slot is the scratch one
         pool_slot += [shape.sequences] * spare
@@ -264,6 +278,7 @@ def _build_token_inputs(units: list[PackUnit], device: torch.device, kind: Layou
         pool_weight=torch.tensor(pool_weight, dtype=torch.float32, device=device),
         owners=owners,
         num_tokens=live,
+        rope_table=_tensor(tables, device),
         padding_tokens=len(ids) - live,
         pool_rows=pool_rows,
     )

@@ -26,8 +26,10 @@ from transformers import (
 from scorekeeper_worker.config import Device, DType
 from scorekeeper_worker.kernels.attention import ATTENTION_NAME
 from scorekeeper_worker.model import sentence_transformers
+from scorekeeper_worker.model.config_keys import check_config
 from scorekeeper_worker.model.dtypes import DTypeChoice, choose_dtype, detect_hardware, dtype_name
 from scorekeeper_worker.model.prompt_template import PromptTemplate
+from scorekeeper_worker.model.rope import RopeTables, install_packed_rotary
 from scorekeeper_worker.model.sentence_transformers import SentenceTransformersConfig
 from scorekeeper_worker.model.special_tokens import PairLayout, SpecialTokens, pair_layout, special_tokens
 from scorekeeper_worker.model.support import (
@@ -77,6 +79,9 @@ class ScoringModel:
     # Embedding models and cross-encoders: what sentence-transformers applies around the model (prompts, Normalize,
     # similarity, CrossEncoder's activation; model/sentence_transformers.py).
     sentence_config: SentenceTransformersConfig = field(default_factory=SentenceTransformersConfig)
+    rope: RopeTables = field(default_factory=RopeTables)  # the RoPE table of each sequence length (model/rope.py)
+    # Decoder classifiers: the head reads the last token that is not this id (transformers' config.pad_token_id).
+    classifier_pad: int | None = None
     # Set by the service from --prompt-template / --label-tokens (decoders): the prompt every text pair is wrapped
     # in, and the label tokens a request that sends none gets.
     template: PromptTemplate | None = None
@@ -177,8 +182,11 @@ def load_model(path: Path, dtype: DType, device: str, name: str) -> ScoringModel
         tokenizer = AutoTokenizer.from_pretrained(path)
     model = model.to(device=device, dtype=choice.dtype).eval()
     model.requires_grad_(False)
+    check_config(arch, model.config)
+    tables = RopeTables()
     if arch.execution == Execution.PACKED:
         model.set_attn_implementation(ATTENTION_NAME)
+        tables = install_packed_rotary(model)
     config = model.config
     trunk = model if kind.kind == ModelKind.EMBEDDING else model.base_model
     offset = config.pad_token_id + 1 if arch.position_offset else 0
@@ -213,4 +221,6 @@ def load_model(path: Path, dtype: DType, device: str, name: str) -> ScoringModel
         head=_modules(model, kind.head),
         pair=pair_layout(tokenizer) if kind.kind == ModelKind.CROSS_ENCODER else None,
         sentence_config=sentence_config,
+        rope=tables,
+        classifier_pad=config.pad_token_id if kind.kind == ModelKind.CLASSIFIER else None,
     )

@@ -12,6 +12,7 @@ from scorekeeper_worker.model.loader import ModelKind, Pooling, ScoringModel
 from scorekeeper_worker.model.sentence_transformers import Prompt
 from scorekeeper_worker.planning import template_encoding
 from scorekeeper_worker.planning.encoding import Direction, LengthRules, Tokenized, encode, plain_tokens
+from scorekeeper_worker.planning.readout import positions, read_index, rope_table
 
 
 @dataclass
@@ -141,6 +142,7 @@ def plan(model: ScoringModel, request: ScoreRequest, tokens: Tokenized, job: obj
         for row, (item, length) in enumerate(zip(tokens.items, lengths, strict=True)):
             ids, types = pair.join(item, tokens.query) if request.item_first else pair.join(tokens.query, item)
             units.append(PackUnit(ids, token_types=types if model.uses_token_types else None, position_start=start,
+                                  positions=positions(model, ids), rope_table=rope_table(model, length),
                                   pools=[Pool(_pooled(model.pooling, length), (job, row))]))
         return ScorePlan(units, planned, False)
     if model.kind == ModelKind.EMBEDDING:
@@ -156,7 +158,8 @@ def plan(model: ScoringModel, request: ScoreRequest, tokens: Tokenized, job: obj
         planned = sum(len(ids) for _, ids in sequences)
         _admit(planned, max_request_tokens, "the query and every item once" if query_row else "every input once",
                field)
-        units = [PackUnit(ids, position_start=start,
+        units = [PackUnit(ids, position_start=start, positions=positions(model, ids),
+                          rope_table=rope_table(model, len(ids)),
                           pools=[Pool(_pooled(model.pooling, len(ids), tokens.pool_from), (job, slot))])
                  for slot, ids in sequences]
         return ScorePlan(units, planned, False)
@@ -170,30 +173,47 @@ def plan(model: ScoringModel, request: ScoreRequest, tokens: Tokenized, job: obj
     units = []
     for row, item in enumerate(tokens.items):
         ids = item + query if request.item_first else query + item
-        units.append(PackUnit(ids, position_start=start, pools=[Pool(range(len(ids) - 1, len(ids)), (job, row))]))
+        read = read_index(model, ids)
+        units.append(PackUnit(ids, position_start=start, rope_table=rope_table(model, len(ids)),
+                              pools=[Pool(range(read, read + 1), (job, row))]))
     return ScorePlan(units, planned, False)
 
 
 def _plan_multi_item(model: ScoringModel, tokens: Tokenized, job: object, max_batch_tokens: int,
                      delimiter: int | None, max_request_tokens: int | None) -> ScorePlan:
     """`query [D] item1 [D] item2 [D] …` split into chunks that fit the batch budget; every chunk repeats the query.
-    Each delimiter closes the row before it, so only the delimiter itself could ever attend to it."""
-    query = tokens.query
+    Each delimiter closes the row before it, so only the delimiter itself could ever attend to it. Items whose
+    sequences take different RoPE tables go to different chunks (the query row is computed with its items' table),
+    and an item whose delimiter would sit past the model's last position runs as a single sequence."""
+    query, items = tokens.query, tokens.items
     tail = [] if delimiter is None else [delimiter]
     context = query + tail
-    rows = [len(item) + len(tail) for item in tokens.items]
-    chunks = _mis_chunks(len(context), rows, max_batch_tokens)
-    planned = len(chunks) * len(context) + sum(rows)
+    shared = [i for i, item in enumerate(items) if len(query) + len(item) + len(tail) <= model.max_positions]
+    alone = sorted(set(range(len(items))) - set(shared))
+    groups: dict[int, list[int]] = {}
+    for i in shared:
+        groups.setdefault(rope_table(model, len(query) + len(items[i])), []).append(i)
+    chunks = [(table, [group[k] for k in chunk]) for table, group in groups.items()
+              for chunk in _mis_chunks(len(context), [len(items[i]) + len(tail) for i in group], max_batch_tokens)]
+    planned = (len(chunks) * len(context) + sum(len(items[i]) + len(tail) for i in shared)
+               + sum(len(query) + len(items[i]) for i in alone))
     _admit(planned, max_request_tokens, f"the query is repeated in each of {len(chunks)} multi-item chunks",
            tokens.field)
     units: list[PackUnit] = []
-    for chunk in chunks:
-        unit = PackUnit(list(context), visible_prefix=len(query), position_start=model.position_start)
+    for table, chunk in chunks:
+        unit = PackUnit(list(context), visible_prefix=len(query), position_start=model.position_start,
+                        rope_table=table)
         for i in chunk:
-            item = tokens.items[i]
-            # An empty item is scored at the query's last token (SGLang's semantics for "").
-            offset = unit.num_tokens + len(item) - 1 if item else len(query) - 1
-            unit.items.append(item + tail)
+            # Read where the joined sequence is read: in the item, or in the query row (an empty item: SGLang's
+            # semantics for "", or an item of pad tokens only under a classifier).
+            read = read_index(model, query + items[i])
+            offset = read if read < len(query) else unit.num_tokens + read - len(query)
+            unit.items.append(items[i] + tail)
             unit.pools.append(Pool(range(offset, offset + 1), (job, i)))
         units.append(unit)
+    for i in alone:
+        ids = query + items[i]
+        read = read_index(model, ids)
+        units.append(PackUnit(ids, position_start=model.position_start, rope_table=rope_table(model, len(ids)),
+                              pools=[Pool(range(read, read + 1), (job, i))]))
     return ScorePlan(units, planned, True)

@@ -1,12 +1,15 @@
-"""Start-up self-check: the engine's scores for a fixed probe set against plain transformers on the same weights.
+"""Start-up self-check: the engine's scores for fixed probe sets against plain transformers on the same weights.
 
-The probe set is a few sequences of mixed lengths from several simulated requests (one of them multi-item when the
-server has multi-item scoring on), sized to every configured limit (batch tokens, items per request, positions) and
-run as ONE packed batch through the real path: tokenize → plan → Executor (CUDA-graph buckets included) → the jobs'
-heads. The reference runs each sequence alone through the model's own forward with transformers' eager attention
-(the same module, switched for the pass: the weights are never loaded twice). Deviation is the largest score
-difference relative to max(1, largest reference score); above the dtype's tolerance the worker refuses to start.
-Without the check (`--no-self-check`) the engine pass still runs: it is the warm-up.
+The probes (serving/probes.py) are planned like requests and run through the real path: tokenize → plan →
+Executor (CUDA-graph buckets included) → the jobs' heads, in two batches: one of mixed lengths from several
+simulated requests (multi-item among them when the server has multi-item scoring on) sized to every configured
+limit (batch tokens, items per request), and an edge batch: the model's maximum length (up to a cap) co-batched with
+short sequences, both sides of longrope's threshold, the multi-item delimiter on the last position. Special tokens
+sit inside the probes; sliding windows are crossed. The reference runs each sequence alone through the model's own
+forward with transformers' eager attention and its own rotary modules (the same modules, switched for the pass: the
+weights are never loaded twice). Deviation is the largest score difference relative to max(1, largest reference
+score); above the dtype's tolerance the worker refuses to start. Without the check (`--no-self-check`) the engine
+passes still run: they are the warm-up.
 
 With a prompt template (--prompt-template), a text request through the template is checked too, in a batch of its
 own, single-item and (with multi-item scoring on) multi-item, against transformers on each fully rendered prompt,
@@ -21,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import random
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,17 +37,15 @@ from scorekeeper_worker.engine.jobs import ScoreJob
 from scorekeeper_worker.kernels.attention import ATTENTION_NAME
 from scorekeeper_worker.model.dtypes import dtype_name
 from scorekeeper_worker.model.loader import ModelKind, ScoringModel
+from scorekeeper_worker.model.rope import transformers_rotary
 from scorekeeper_worker.planning.planner import plan, tokenize
 from scorekeeper_worker.serving import embedding_reference
 from scorekeeper_worker.serving.embedding_reference import ReferenceEncoder
+from scorekeeper_worker.serving.probes import Probe, edge_probes, probes
 
 # Wide enough for reordered float arithmetic of the dtype, far below what a leak between sequences, a wrong head,
 # pooling position or mask does (O(0.1) and more on real and random models alike).
 TOLERANCE = {torch.float32: 5e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
-# (query length, item lengths) before scaling to the limits: lengths in different attention blocks, an item of one
-# token, and one request per simulated client.
-_SHAPES = ((12, (1, 7, 30)), (3, (18, 5)))
-_WINDOW_PROBE_LIMIT = 512  # a window up to this long gets a sequence that crosses it on both sides
 _LABELS = 4  # causal LMs: scored on the reference's top tokens, where a deviation shows most
 # The template probe: items that start where the template's item text begins (no leading space, so the tokenizer
 # merges across the seam), one of them empty.
@@ -55,13 +55,6 @@ TEMPLATE_ITEMS = ("The capital of France is Paris.", "", "Berlin is a large city
 
 Rows = list[list[list[float]]]  # per probe, per item: the item's scores
 Labels = list[list[list[int]] | None]  # per probe: causal LMs' label ids per item, else None
-
-
-@dataclass(frozen=True)
-class Probe:
-    query: list[int]
-    items: list[list[int]]
-    multi_item: bool
 
 
 @dataclass(frozen=True)
@@ -76,54 +69,6 @@ class SelfCheckResult:
 
 class SelfCheckFailed(RuntimeError):
     """The engine's scores differ from plain transformers: serving would give wrong scores."""
-
-
-def _window(model: ScoringModel) -> int | None:
-    windows = [w for m in model.model.modules() if isinstance(w := getattr(m, "sliding_window", None), int)]
-    return min(windows) if windows and min(windows) <= _WINDOW_PROBE_LIMIT else None
-
-
-def _planned_tokens(model: ScoringModel, probe_set: list[Probe], delimiter: int | None) -> int:
-    """Tokens the probe set takes once planned (as planning.planner lays requests out)."""
-    total = 0
-    for probe in probe_set:
-        items = sum(len(item) for item in probe.items)
-        if model.kind == ModelKind.EMBEDDING:
-            total += len(probe.query) + items
-        elif probe.multi_item:
-            total += len(probe.query) + items + (len(probe.items) + 1 if delimiter is not None else 0)
-        else:
-            total += len(probe.query) * len(probe.items) + items
-    return total
-
-
-def _probes(model: ScoringModel, scale: float, max_items: int, multi_item: bool) -> list[Probe]:
-    special = set(model.tokenizer.all_special_ids)
-    vocab = [t for t in range(model.model.get_input_embeddings().num_embeddings) if t not in special]
-    rng = random.Random(12)
-    shapes = [(query, list(items)) for query, items in _SHAPES]
-    if (window := _window(model)) is not None:
-        shapes[1][1].append(2 * window + 2)
-    out: list[Probe] = []
-    for number, (query_length, item_lengths) in enumerate(shapes):
-        query = rng.choices(vocab, k=max(1, int(query_length * scale)))
-        longest = model.max_positions - len(query)
-        items = [rng.choices(vocab, k=max(1, min(longest, int(length * scale)))) for length in item_lengths]
-        for start in range(0, len(items), max_items):  # split like clients limited to max_items would
-            out.append(Probe(query, items[start:start + max_items], multi_item and number == 0 and model.is_decoder))
-    return out
-
-
-def probes(model: ScoringModel, budget: int, max_items: int, multi_item: bool, delimiter: int | None) -> list[Probe]:
-    """Deterministic token ids without special tokens (a classifier's own forward would pool elsewhere at a pad
-    token), shrunk until the whole set fits one batch of `budget` tokens (at 16 tokens, every sequence is one
-    token long)."""
-    scale = 1.0
-    while True:
-        probe_set = _probes(model, scale, max_items, multi_item)
-        if _planned_tokens(model, probe_set, delimiter) <= budget or scale < 1e-3:
-            return probe_set
-        scale /= 2
 
 
 def engine_scores(model: ScoringModel, executor: Executor, probe_set: list[Probe], labels: Labels,
@@ -157,7 +102,8 @@ def _eager_attention(model: ScoringModel) -> Iterator[None]:
         return
     model.model.set_attn_implementation("eager")
     try:
-        yield
+        with transformers_rotary(model.model):
+            yield
     finally:
         model.model.set_attn_implementation(ATTENTION_NAME)
 
@@ -246,8 +192,11 @@ def deviation(engine: Rows, reference: Rows) -> float:
 
 def run(model: ScoringModel, executor: Executor, *, check: bool, max_batch_tokens: int, max_items: int,
         multi_item: bool, delimiter: int | None) -> SelfCheckResult:
-    """The engine pass (always: it warms the engine up) and, with `check`, the reference pass and the comparison."""
-    probe_set = probes(model, max_batch_tokens, max_items, multi_item, delimiter)
+    """The engine passes (always: they warm the engine up) and, with `check`, the reference pass and the
+    comparison."""
+    budget_batch = probes(model, max_batch_tokens, max_items, multi_item, delimiter)
+    edge_batch = edge_probes(model, multi_item, delimiter)
+    every = budget_batch + edge_batch
     started = time.perf_counter()
     reference: Rows = []
     # Embedding models: a reference of their own reading, and text probes (prompts, max_seq_length).
@@ -255,14 +204,19 @@ def run(model: ScoringModel, executor: Executor, *, check: bool, max_batch_token
     text_probes = embedding_reference.text_probes(model, encoder) if encoder is not None else None
     text_reference: Rows = []
     if check:
-        reference, labels = reference_scores(model, probe_set, encoder)
+        reference, labels = reference_scores(model, every, encoder)
         if encoder is not None and text_probes is not None:
             with _eager_attention(model):
                 text_reference = embedding_reference.reference_rows(encoder, text_probes)
     else:
-        labels = [[[0, 1]] * len(p.items) if model.kind == ModelKind.CAUSAL_LM else None for p in probe_set]
+        labels = [[[0, 1]] * len(p.items) if model.kind == ModelKind.CAUSAL_LM else None for p in every]
     referenced = time.perf_counter()
-    engine, tokens = engine_scores(model, executor, probe_set, labels, max_batch_tokens, delimiter)
+    engine: Rows = []
+    tokens: list[int] = []
+    for batch, batch_labels in ((budget_batch, labels[:len(budget_batch)]), (edge_batch, labels[len(budget_batch):])):
+        rows, batch_tokens = engine_scores(model, executor, batch, batch_labels, max_batch_tokens, delimiter)
+        engine += rows
+        tokens.append(batch_tokens)
     if model.template is not None and check:
         template_engine, template_reference = _template_rows(model, executor, multi_item)
         engine, reference = engine + template_engine, reference + template_reference
@@ -270,14 +224,14 @@ def run(model: ScoringModel, executor: Executor, *, check: bool, max_batch_token
         engine, reference = engine + embedding_reference.engine_rows(model, executor, text_probes), \
             reference + text_reference
     result = SelfCheckResult(deviation(engine, reference) if check else None, TOLERANCE[model.dtype],
-                             sum(len(p.items) for p in probe_set), tokens, time.perf_counter() - referenced,
-                             referenced - started)
+                             sum(len(p.items) for p in every), sum(tokens),
+                             time.perf_counter() - referenced, referenced - started)
     if result.deviation is not None and not result.deviation <= result.tolerance:  # NaN fails too
         overflow = " (non-finite scores: numeric overflow)" if math.isinf(result.deviation) else ""
         raise SelfCheckFailed(
             "start-up self-check failed: the engine's scores deviate from plain transformers by "
             f"{result.deviation:.3g}{overflow} (relative; tolerance {result.tolerance:g} for "
-            f"{dtype_name(model.dtype)}) on {result.sequences} probe sequences packed into one batch of {tokens} "
-            "tokens. The engine would serve wrong scores for this model, so the worker refuses to start; "
-            "--no-self-check skips the check (only to debug).")
+            f"{dtype_name(model.dtype)}) on {result.sequences} probe sequences packed into two batches of "
+            f"{tokens[0]} and {tokens[1]} tokens. The engine would serve wrong scores for this model, so the worker "
+            "refuses to start; --no-self-check skips the check (only to debug).")
     return result

@@ -146,7 +146,7 @@ class ScoringService:
             log.warning("self-check skipped (--no-self-check): scores are not compared with transformers at start-up")
         else:
             self.metrics.self_check_deviation.set(check.deviation)
-            log.info("self-check passed: deviation %.3g (tolerance %g) on %d sequences, %d tokens in one batch; "
+            log.info("self-check passed: deviation %.3g (tolerance %g) on %d sequences, %d tokens in two batches; "
                      "engine %.3f s, reference %.3f s", check.deviation, check.tolerance, check.sequences,
                      check.tokens, check.engine_seconds, check.reference_seconds)
         if config.quantization == Quantization.INT8:

@@ -1,0 +1,70 @@
+"""hypothesis strategies: /v1/score bodies for one variant, and batches of them (co-tenants of one packed batch).
+
+Text is drawn from the tokenizers' corpus words with every special token of the tokenizer mixed in (pad, EOS, BOS,
+SEP, CLS, ChatML, added tokens), joined with or without spaces (so the tokenizer merges across words); token ids
+from the whole vocabulary. Lengths run up to and past the model's maximum, so windows are crossed, RoPE thresholds
+passed, and truncation (or a 400) is due."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conformance.subjects import Subject
+from hypothesis import strategies as st
+
+
+def _text(subject: Subject, max_words: int) -> st.SearchStrategy[str]:
+    pieces = st.one_of(st.sampled_from(subject.words), st.sampled_from(subject.specials))
+    separator = st.sampled_from([" ", " ", ""])
+    return st.tuples(st.lists(pieces, max_size=max_words), separator).map(lambda drawn: drawn[1].join(drawn[0]))
+
+
+def _ids(subject: Subject, max_length: int) -> st.SearchStrategy[list[int]]:
+    return st.integers(0, max_length).flatmap(
+        lambda n: st.lists(st.integers(0, subject.vocab_size - 1), min_size=n, max_size=n))
+
+
+@st.composite
+def score_body(draw: st.DrawFn, subject: Subject, multi_item: bool = True) -> dict[str, Any]:
+    """One request body; `multi_item`: whether it may ask for multi-item scoring (decoders)."""
+    limit, variant = subject.max_positions, subject.variant
+    text = subject.template is not None or draw(st.booleans())
+    count = draw(st.integers(1, 5))
+    if text:
+        query = draw(_text(subject, subject.room // 3))
+        items = draw(st.lists(_text(subject, subject.room // 2), min_size=count, max_size=count))
+    else:
+        query = draw(_ids(subject, limit // 2))
+        items = draw(st.lists(_ids(subject, limit), min_size=count, max_size=count))
+    body: dict[str, Any] = {"query": query, "items": items}
+    if subject.template is not None:
+        if draw(st.booleans()):
+            body["instruct"] = draw(_text(subject, 6))
+    else:
+        if variant.kind != "embedding" and draw(st.booleans()):
+            body["item_first"] = True
+        if draw(st.booleans()):
+            body["truncate"] = True
+            body["truncation_direction"] = draw(st.sampled_from(["left", "right"]))
+        if draw(st.integers(0, 3)) == 0:
+            body["max_tokens_per_item"] = draw(st.integers(1, limit))
+    if variant.kind != "embedding" and draw(st.booleans()):
+        body["apply_softmax"] = True
+        body["temperature"] = draw(st.sampled_from([1.0, 0.5, 3.0]))
+    if variant.kind == "causal_lm" and (subject.engine.default_labels is None or draw(st.booleans())):
+        body["label_token_ids"] = draw(st.lists(st.integers(0, subject.logit_size - 1), min_size=1, max_size=4,
+                                                unique=True))
+    if variant.decoder and multi_item:
+        body["multi_item_scoring"] = draw(st.booleans())
+    return body
+
+
+def batches(subject: Subject) -> st.SearchStrategy[list[dict[str, Any]]]:
+    """One to four requests scored in one packed batch."""
+    return st.lists(score_body(subject), min_size=1, max_size=4)
+
+
+def delimiters(subject: Subject) -> st.SearchStrategy[int | None]:
+    """--multi-item-scoring-delimiter: none, a special token, or any token."""
+    specials = sorted(subject.tokenizer.all_special_ids)
+    return st.one_of(st.none(), st.sampled_from(specials), st.integers(0, subject.vocab_size - 1))

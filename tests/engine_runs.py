@@ -1,0 +1,82 @@
+"""Checkpoint variants and engine runs for exactness tests: a tiny model copied with config edits, and requests
+planned as the server plans them, all of their units run as ONE packed batch through the real executor."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from scorekeeper_worker.contract.errors import BadRequest
+from scorekeeper_worker.contract.schemas import ScoreRequest
+from scorekeeper_worker.engine.executor import Executor
+from scorekeeper_worker.engine.jobs import ScoreJob
+from scorekeeper_worker.model.loader import ModelKind, ScoringModel
+from scorekeeper_worker.planning.planner import plan, tokenize
+
+Rows = list[list[float]]
+
+
+def variant(source: Path, target: Path, **config: Any) -> Path:
+    """A copy of the model directory `source` at `target` with `config.json` keys replaced (weights unchanged)."""
+    if not (target / "config.json").is_file():
+        shutil.copytree(source, target)
+        settings = json.loads((target / "config.json").read_text())
+        (target / "config.json").write_text(json.dumps(settings | config))
+    return target
+
+
+def _labels(model: ScoringModel, request: ScoreRequest, rows_of: list[int]) -> list[list[int]] | None:
+    if model.kind != ModelKind.CAUSAL_LM:
+        return None
+    labels = request.label_token_ids if request.label_token_ids is not None else model.default_labels
+    assert labels is not None
+    per_item = labels if isinstance(labels[0], list) else [labels] * len(request.item_list)
+    return [per_item[row] for row in rows_of]  # type: ignore[misc]
+
+
+def outcomes(model: ScoringModel, requests: list[ScoreRequest], multi_item: bool = False,
+             delimiter: int | None = None, max_batch_tokens: int = 1 << 20) -> list[Rows | BadRequest]:
+    """Every request planned like the server plans it (multi-item for decoders when `multi_item`, or as the request
+    asks), the units of all that plan in one executor batch: each request's score rows, or the 400 it got."""
+    loop = asyncio.new_event_loop()
+    try:
+        jobs: list[ScoreJob | BadRequest] = []
+        units = []
+        for request in requests:
+            mis = request.multi_item_scoring if request.multi_item_scoring is not None else multi_item
+            try:
+                tokens = tokenize(model, request)
+                job = ScoreJob(num_items=len(tokens.items), apply_softmax=request.apply_softmax,
+                               temperature=request.temperature, labels=_labels(model, request, tokens.rows_of),
+                               want_pooled=False, prompt_tokens=0, multi_item=False, future=loop.create_future(),
+                               loop=loop)
+                job_plan = plan(model, request, tokens, job, mis and model.is_decoder, max_batch_tokens, delimiter)
+            except BadRequest as refused:
+                jobs.append(refused)
+                continue
+            job.remaining = sum(len(unit.pools) for unit in job_plan.units)
+            jobs.append(job)
+            units += job_plan.units
+        if units:
+            Executor(model).run(units)
+    finally:
+        loop.close()
+    results: list[Rows | BadRequest] = []
+    for job in jobs:
+        if isinstance(job, BadRequest):
+            results.append(job)
+        else:
+            assert job.remaining == 0
+            results.append([list(row or []) for row in job.scores])
+    return results
+
+
+def one_batch(model: ScoringModel, requests: list[ScoreRequest], multi_item: bool = False,
+              delimiter: int | None = None, max_batch_tokens: int = 1 << 20) -> list[Rows]:
+    """`outcomes` of requests that must all be scored."""
+    results = outcomes(model, requests, multi_item, delimiter, max_batch_tokens)
+    assert not any(isinstance(result, BadRequest) for result in results), results
+    return results  # type: ignore[return-value]

@@ -1,0 +1,135 @@
+"""RoPE tables chosen per sequence, without state: a score never depends on the rest of its packed batch.
+
+transformers' rotary embeddings pick their table from the longest position of the whole forward
+(`dynamic_rope_update`): `longrope` switches to its long factors when any position passes
+`original_max_position_embeddings`, and `dynamic` rescales beyond `max_position_embeddings` and keeps the rescaled
+table until a shorter forward resets it. A packed batch holds many sequences, so the engine replaces each rotary
+module with `PackedRotary`: the tables of every length class are computed once at load (with transformers' own
+functions and buffers), and each token takes the table of its own sequence, the one its sequence's own forward
+would use (`RopeTables.table`, chosen by the planner and passed per token). Nothing is written during a forward.
+
+`dynamic` needs one table only: within `max_position_embeddings` (the planner refuses longer sequences and counts
+the multi-item delimiter) transformers' dynamic table is the unscaled one. The original modules are kept, and
+`transformers_rotary` puts them back for the self-check's reference forwards."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+import torch
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+# RoPE types whose tables this module reproduces (transformers' ROPE_INIT_FUNCTIONS, plus "default").
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
+
+_SELECTION: ContextVar[torch.Tensor | None] = ContextVar("scorekeeper_rope_tables", default=None)
+
+
+@dataclass(frozen=True)
+class RopeTables:
+    """Which table a sequence of `length` tokens uses. `long_after`: longrope's original maximum, past which a
+    sequence uses the long factors (None: one table for every length)."""
+
+    long_after: int | None = None
+
+    def table(self, length: int) -> int:
+        return int(self.long_after is not None and length > self.long_after)
+
+
+@contextmanager
+def per_token_tables(selection: torch.Tensor) -> Iterator[None]:
+    """During one forward: token t of the packed row uses table `selection[t]` ([T] int64)."""
+    token = _SELECTION.set(selection)
+    try:
+        yield
+    finally:
+        _SELECTION.reset(token)
+
+
+def _rope_parameters(config: object, layer_type: str | None) -> dict[str, object]:
+    parameters = getattr(config, "rope_parameters", None) or {}
+    return parameters[layer_type] if layer_type is not None else parameters  # type: ignore[no-any-return]
+
+
+class PackedRotary(torch.nn.Module):
+    """Stands in for a model's rotary embedding (same call: `(x, position_ids[, layer_type]) → (cos, sin)`)."""
+
+    def __init__(self, original: torch.nn.Module, tables: RopeTables) -> None:
+        super().__init__()
+        self.original = original
+        self.tables = tables
+        self.scaling: dict[str | None, float] = {}
+        per_layer = isinstance(original.rope_type, dict)
+        for layer_type in (sorted(original.rope_type) if per_layer else [None]):
+            prefix = f"{layer_type}_" if layer_type is not None else ""
+            short = getattr(original, f"{prefix}original_inv_freq").detach().clone()
+            rows = [short]
+            rope_type = original.rope_type[layer_type] if per_layer else original.rope_type
+            if tables.long_after is not None and rope_type == "longrope":  # longrope_frequency_update, long
+                kwargs = {"layer_type": layer_type} if layer_type is not None else {}
+                rows.append(ROPE_INIT_FUNCTIONS["longrope"](original.config, short.device,
+                                                            seq_len=tables.long_after + 1, **kwargs)[0])
+            elif tables.long_after is not None:
+                rows.append(short)
+            self.register_buffer(f"{prefix}inv_freq_tables", torch.stack(rows).float(), persistent=False)
+            self.scaling[layer_type] = float(getattr(original, f"{prefix}attention_scaling"))
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor,
+                layer_type: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        prefix = f"{layer_type}_" if layer_type is not None else ""
+        inv_freq = getattr(self, f"{prefix}inv_freq_tables").to(x.device)  # [K, D/2]
+        selection = _SELECTION.get()
+        if selection is None:  # a plain forward (one sequence per row): the row's own length, as transformers
+            long_after = self.tables.long_after
+            row_length = position_ids.amax(dim=-1, keepdim=True) + 1
+            selection = (row_length > long_after).long().expand_as(position_ids) if long_after is not None \
+                else torch.zeros_like(position_ids)
+        else:
+            selection = selection[None, :].expand_as(position_ids)
+        freqs = inv_freq[selection] * position_ids[..., None].float()  # [B, T, D/2], as transformers' outer product
+        emb = torch.cat((freqs, freqs), dim=-1)
+        scaling = self.scaling[layer_type]
+        return (emb.cos() * scaling).to(x.dtype), (emb.sin() * scaling).to(x.dtype)
+
+
+def _rotary_modules(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str]]:
+    """(parent, attribute) of every transformers rotary embedding of `model` (not yet replaced)."""
+    return [(parent, name) for parent in model.modules() if not isinstance(parent, PackedRotary)
+            for name, child in parent.named_children() if type(child).__name__.endswith("RotaryEmbedding")]
+
+
+def long_after(config: object) -> int | None:
+    """longrope's original maximum, or None when one table serves every length."""
+    parameters = getattr(config, "rope_parameters", None) or {}
+    nested = [parameters[k] for k in sorted(parameters) if isinstance(parameters[k], dict)] or [parameters]
+    limits = {int(p["original_max_position_embeddings"]) for p in nested if p.get("rope_type") == "longrope"}
+    if len(limits) > 1:
+        raise ValueError(f"rope_parameters: longrope with several original maxima {sorted(limits)}")
+    return limits.pop() if limits else None
+
+
+def install_packed_rotary(model: torch.nn.Module) -> RopeTables:
+    """Replace every rotary embedding of `model` by a PackedRotary; the tables a sequence length selects."""
+    tables = RopeTables(long_after(model.config))  # type: ignore[arg-type]
+    for parent, name in _rotary_modules(model):
+        setattr(parent, name, PackedRotary(getattr(parent, name), tables))
+    return tables
+
+
+@contextmanager
+def transformers_rotary(model: torch.nn.Module) -> Iterator[None]:
+    """transformers' own rotary modules for the duration (the self-check's reference forwards); the engine's tables
+    were computed at load, so whatever state transformers' modules keep never reaches them."""
+    replaced = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+                if isinstance(child, PackedRotary)]
+    for parent, name, packed in replaced:
+        setattr(parent, name, packed.original)
+    try:
+        yield
+    finally:
+        for parent, name, packed in replaced:
+            setattr(parent, name, packed)
