@@ -54,7 +54,7 @@ class Scored:
     multi_item: bool
 
 
-def _label_lists(model: ScoringModel, request: ScoreRequest, num_items: int) -> list[list[int]] | None:
+def label_lists(model: ScoringModel, request: ScoreRequest, num_items: int) -> list[list[int]] | None:
     if model.kind != ModelKind.CAUSAL_LM:
         return None  # ignored for classifier, reward, cross-encoder and embedding models (SGLang does the same)
     labels = request.label_token_ids if request.label_token_ids is not None else model.default_labels
@@ -272,7 +272,7 @@ class ScoringService:
         if len(items) > config.max_items_per_request:
             field = rules.field if rules is not None else "input" if embed else "items"
             raise BadRequest(f"{field}: {len(items)} items exceed the limit of {config.max_items_per_request}")
-        labels = _label_lists(model, request, len(items))
+        labels = label_lists(model, request, len(items))
         if request.return_pooled_hidden_states:
             if model.kind == ModelKind.CAUSAL_LM:
                 raise BadRequest("return_pooled_hidden_states is not supported for causal LM models; it needs a "
