@@ -227,7 +227,7 @@ QuestionPart = Annotated[
                   custom_error_message="Input should be an input_text, input_image or input_json part"),
 ]
 Instructions = text_or_list(QuestionPart, "input_text, input_image or input_json parts")
-Name = Annotated[Text, Field(min_length=1)]  # an answer's text: at least one token
+Name = Annotated[str, Field(min_length=1), AfterValidator(_valid_text)]  # an answer's text: at least one token
 
 
 def _unique_values(keys: list[Any], field: str, what: str) -> None:
@@ -248,10 +248,16 @@ class PredicateQuestion(BaseModel):
     name: Text | None = None
 
 
+ChoiceValue = Annotated[
+    Annotated[Name, Tag("<text>")] | Annotated[StrictBool, Tag("<bool>")],
+    Discriminator(lambda value: "<text>" if isinstance(value, str) else "<bool>" if isinstance(value, bool) else None,
+                  custom_error_type="value_type", custom_error_message="Input should be text or a boolean"),
+]
+
+
 class Choice(BaseModel):
     model_config = STRICT
-    value: Name | StrictBool = Field(
-        description="typed: a string and a boolean with the same text are distinct")
+    value: ChoiceValue = Field(description="typed: a string and a boolean with the same text are distinct")
     description: Text | None = None
 
 
