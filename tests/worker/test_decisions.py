@@ -165,3 +165,38 @@ def test_many_options_and_many_questions(tiny_model: Callable[[str], Path],
     assert len(together) == 400
     for i in (0, 199, 399):
         assert_close(probabilities(together[i]), probabilities(decide(server, [many[i]], "short input")["answers"][0]))
+
+
+def test_metrics_count_the_routes(tiny_model: Callable[[str], Path],
+                                  server_for: Callable[..., RunningServer]) -> None:
+    """Requests by route and status, questions by type, the tokens that ran; nothing left in flight."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    server = server_for(tiny_model("qwen3-causal"), served_name="metrics-test")
+
+    def samples() -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        text = httpx.get(server.url + "/metrics", timeout=10).text
+        return {(s.name, frozenset(s.labels.items())): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+    def delta(name: str, **labels: str) -> float:
+        key = (name, frozenset(labels.items()))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    before = samples()
+    tokens = decide(server, QUESTIONS[:4])["usage"]["input_tokens"]
+    body = {"state": "x", "questions": {"a": {"type": "noul", "instructions": "y"},
+                                        "b": {"type": "score", "instructions": "z", "criteria": ["0", "1"]}}}
+    response = httpx.post(server.url + "/v1/systemone", json=body, timeout=60)
+    tokens += response.json()["usage"]["input_tokens"]
+    assert httpx.post(server.url + "/v1/decisions", json={"model": "m", "input": "x", "questions": []},
+                      timeout=60).status_code == 400
+    after = samples()
+    assert delta("scorekeeper_requests_total", endpoint="/v1/decisions", code="200") == 1
+    assert delta("scorekeeper_requests_total", endpoint="/v1/decisions", code="400") == 1
+    assert delta("scorekeeper_requests_total", endpoint="/v1/systemone", code="200") == 1
+    types = {"predicate": 2, "choice": 2, "yes_no": 1, "score": 1}
+    assert {t: delta("scorekeeper_decision_questions_total", type=t) for t in types} == types
+    assert delta("scorekeeper_prompt_tokens_total") == tokens
+    assert delta("scorekeeper_stage_duration_seconds_count", stage="end_to_end") == 3
+    assert after[("scorekeeper_inflight_requests", frozenset())] == 0
