@@ -200,3 +200,30 @@ def test_metrics_count_the_routes(tiny_model: Callable[[str], Path],
     assert delta("scorekeeper_prompt_tokens_total") == tokens
     assert delta("scorekeeper_stage_duration_seconds_count", stage="end_to_end") == 3
     assert after[("scorekeeper_inflight_requests", frozenset())] == 0
+
+
+def test_input_items_become_chat_messages(tiny_model: Callable[[str], Path],
+                                          server_for: Callable[..., RunningServer]) -> None:
+    """Parts, roles and tool items as documented: developer → system, parts joined by newlines, JSON compact, a
+    function call → assistant, its output → tool; equal to transformers on those messages."""
+    path = tiny_model("qwen3-causal")
+    model, tok, _ = reference.load_model(path)
+    items = [{"role": "developer", "content": [{"type": "input_text", "text": "Route tickets."}]},
+             {"role": "user", "content": [{"type": "input_text", "text": "Order status?"},
+                                          {"type": "input_json", "data": {"order": 4411, "items": ["a", "b"]}}]},
+             {"type": "function_call", "call_id": "c1", "name": "lookup", "namespace": "orders",
+              "arguments": '{"id": 4411}'},
+             {"type": "function_call_output", "call_id": "c1", "output": "shipped"},
+             {"role": "assistant", "content": [{"type": "output_text", "text": "It shipped."}]}]
+    messages = [{"role": "system", "content": "Route tickets."},
+                {"role": "user", "content": 'Order status?\n{"order":4411,"items":["a","b"]}'},
+                {"role": "assistant", "content": 'Call orders.lookup (c1): {"id": 4411}'},
+                {"role": "tool", "content": "Output of c1: shipped"},
+                {"role": "assistant", "content": "It shipped."}]
+    got = decide(server_for(path, multi_item_scoring=True), QUESTIONS[:3], items)["answers"]
+    for question, answer in zip(QUESTIONS[:3], got, strict=True):
+        kind, instructions, options = decision_reference.openai_question(question)
+        prompt = decision_reference.prompt_ids(tok, messages, decision_reference.question_text(
+            kind, instructions, options))
+        expected = decision_reference.option_probabilities(model, tok, prompt, [name for name, _ in options])
+        assert_close(probabilities(answer), expected[:1] if kind == "predicate" else expected)

@@ -6,10 +6,8 @@ becomes system, as chat templates know it); a function or custom tool call is an
 `tool` message; text parts are joined by newlines, JSON parts written as compact JSON; an image is a 400.
 
 Answers, in question order, with each question's name (null without one): a predicate's probability of "yes"; a
-choice's most probable value (the first on a tie), every value's probability and the confidence; a score's
-expected level index (0: the first level), every level's probability and the confidence. The confidence is how far
-the top probability sits above uniform: (K·max − 1) / (K − 1) for K options, 0 when all are equally likely, 1 when
-one holds all the probability (TypeSafe's definition; OpenAI's documents only that it is not the top probability)."""
+choice's most probable value, every value's probability and the confidence; a score's expected level index (0: the
+first level), every level's probability and the confidence (engine/decision_job.best, .confidence)."""
 
 from __future__ import annotations
 
@@ -21,21 +19,21 @@ from fastapi import FastAPI, Request, Response
 from scorekeeper_worker.api.disconnect import cancel_on_disconnect
 from scorekeeper_worker.api.systemone import systemone_ask, systemone_response
 from scorekeeper_worker.contract.decisions import (
-    AssistantMessage,
     ChoiceAnswer,
     ChoiceProbability,
     ChoiceQuestion,
     CustomToolCall,
+    CustomToolCallOutput,
     DecisionRequest,
     DecisionResponse,
     DecisionUsage,
     FunctionCall,
+    FunctionCallOutput,
     InputItem,
     PredicateAnswer,
     PredicateQuestion,
     ScoreAnswer,
     ScoreProbability,
-    UserMessage,
 )
 from scorekeeper_worker.contract.errors import BadRequest
 from scorekeeper_worker.contract.systemone import SystemOneRequest, SystemOneResponse
@@ -78,9 +76,8 @@ def _message(item: InputItem, field: str) -> ChatMessage:
         namespace = f"{item.namespace}." if item.namespace else ""
         arguments = item.arguments if isinstance(item, FunctionCall) else item.input
         return ChatMessage("assistant", f"Call {namespace}{item.name} ({item.call_id}): {arguments}")
-    if item.type in ("function_call_output", "custom_tool_call_output"):
+    if isinstance(item, FunctionCallOutput | CustomToolCallOutput):
         return ChatMessage("tool", f"Output of {item.call_id}: {_text(item.output, field + '.output')}")
-    assert isinstance(item, UserMessage | AssistantMessage) or item.role in ("developer", "system")
     role = "system" if item.role == "developer" else item.role
     return ChatMessage(role, _text(item.content, field + ".content"))
 

@@ -3,8 +3,9 @@
 /v1/score (contract/schemas.py).
 
 Accepted and ignored: `prompt_cache_key`, `prompt_cache_options`, `safety_identifier`, and the parts'
-`prompt_cache_breakpoint` (the shared input runs once per request anyway). Images are in the schema, as in OpenAI's,
-and answered with a 400: the served models read text."""
+`prompt_cache_breakpoint` (the shared input runs once per request anyway; question parts, OpenAI's without it, share
+the input's part types). Images are in the schema, as in OpenAI's, and answered with a 400: the served models read
+text."""
 
 from __future__ import annotations
 
@@ -59,7 +60,12 @@ class InputJson(BaseModel):
 
     model_config = STRICT
     type: Literal["input_json"]
-    data: JsonObject | list[JsonObject]
+    data: Annotated[
+        Annotated[JsonObject, Tag("<object>")] | Annotated[list[JsonObject], Tag("<list>")],
+        Discriminator(lambda value: "<object>" if isinstance(value, dict) else "<list>" if isinstance(value, list)
+                      else None, custom_error_type="json_data_type",
+                      custom_error_message="Input should be an object or a list of objects"),
+    ]
 
 
 class OutputText(BaseModel):
@@ -201,32 +207,7 @@ InputItem = Annotated[
 ]
 
 
-class QuestionText(BaseModel):
-    model_config = STRICT
-    type: Literal["input_text"]
-    text: Text
-
-
-class QuestionImage(BaseModel):
-    model_config = STRICT
-    type: Literal["input_image"]
-    image_url: Text
-    detail: Literal["low", "high", "auto", "original"] | None = None
-
-
-class QuestionJson(BaseModel):
-    model_config = STRICT
-    type: Literal["input_json"]
-    data: JsonObject | list[JsonObject]
-
-
-QuestionPart = Annotated[
-    Annotated[QuestionText, Tag("<input_text>")] | Annotated[QuestionImage, Tag("<input_image>")]
-    | Annotated[QuestionJson, Tag("<input_json>")],
-    Discriminator(type_tag, custom_error_type="part_type",
-                  custom_error_message="Input should be an input_text, input_image or input_json part"),
-]
-Instructions = text_or_list(QuestionPart, "input_text, input_image or input_json parts")
+Instructions = text_or_list(UserPart, "input_text, input_image or input_json parts")  # OpenAI's question parts
 Name = Annotated[str, Field(min_length=1), AfterValidator(_valid_text)]  # an answer's text: at least one token
 
 
