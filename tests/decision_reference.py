@@ -19,7 +19,7 @@ def question_text(kind: str, instructions: str, options: list[tuple[str, str | N
         lines = [f"Question: {instructions}"]
     lines.append("Options, from the lowest to the highest:" if kind == "score" else "Options:")
     lines += [f"- {name}: {description}" if description else f"- {name}" for name, description in options]
-    lines.append("Answer with one of the options, exactly as written, and nothing else.")
+    lines.append("Answer with one of the options, exactly as written.")
     return "\n".join(lines)
 
 

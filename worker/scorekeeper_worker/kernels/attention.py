@@ -92,12 +92,11 @@ def _to_parent_mask(block: ItemBlock, window: int | None) -> RowMask | None:
                    contiguous=False)
 
 
-def _item_to_query(q_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int, block: ItemBlock,
-                   contexts: RowBlock, mask: RowMask | None, scale: float,
-                   softcap: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The item tokens' view of their query. With one query for the whole batch the items are folded into the query
-    dimension: one call against the shared query K/V instead of R broadcast copies."""
-    kc, vc = _rows(k, contexts.token_index, groups), _rows(v, contexts.token_index, groups)
+def _item_to_query(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, block: ItemBlock, contexts: RowBlock,
+                   mask: RowMask | None, scale: float, softcap: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The item tokens' view of their query (`kc`, `vc`: the query rows' keys and values, gathered once per layer
+    for every item block). With one query for the whole batch the items are folded into the query dimension: one
+    call against the shared query K/V instead of R broadcast copies."""
     if contexts.token_index.shape[0] == 1:
         r, heads, length, dim = q_rows.shape
         folded = q_rows.transpose(0, 1).reshape(1, heads, r * length, dim)
@@ -140,13 +139,15 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
         _put(out, block, attend(qr, kr, vr, mask, causal, scale, softcap)[0])  # type: ignore[arg-type]
 
     contexts = layout.item_contexts
+    if contexts is not None:  # every item block reads the same query rows: gather them once
+        kc, vc = _rows(k, contexts.token_index, groups), _rows(v, contexts.token_index, groups)
     for i, block in enumerate(layout.item_blocks):
         assert contexts is not None
         to_query_mask = layout.cached(("to-query", i, window), lambda b=block: _to_query_mask(b, contexts, window))
         mask = layout.cached(("item", i, window), lambda b=block: RowMask(
             b.positions, b.positions, _valid(b) if b.padded else None, True, window, contiguous=True))
         qr, kr, vr = (_rows(t, block.token_index, g) for t, g in ((q, 1), (k, groups), (v, groups)))
-        to_query = _item_to_query(qr, k, v, groups, block, contexts, to_query_mask, scale, softcap)  # type: ignore[arg-type]
+        to_query = _item_to_query(qr, kc, vc, block, contexts, to_query_mask, scale, softcap)  # type: ignore[arg-type]
         to_item = attend(qr, kr, vr, mask, True, scale, softcap)  # type: ignore[arg-type]
         if block.parents is None:
             _put(out, block, merge(to_query, to_item))

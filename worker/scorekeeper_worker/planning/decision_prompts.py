@@ -87,7 +87,7 @@ def question_text(question: DecisionQuestion) -> str:
         lines = [f"Question: {question.instructions}"]
     lines.append("Options, from the lowest to the highest:" if question.kind == QuestionKind.SCORE else "Options:")
     lines += [f"- {o.name}: {o.description}" if o.description else f"- {o.name}" for o in question.options]
-    lines.append("Answer with one of the options, exactly as written, and nothing else.")
+    lines.append("Answer with one of the options, exactly as written.")
     return "\n".join(lines)
 
 
