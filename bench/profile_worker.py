@@ -55,7 +55,7 @@ def score_once(model: Any, request: Any, mis: bool, max_batch_tokens: int) -> di
     from scorekeeper_worker.engine.executor import Executor
     from scorekeeper_worker.engine.jobs import ScoreJob
     from scorekeeper_worker.planning.planner import plan, tokenize
-    from scorekeeper_worker.serving.service import _label_lists
+    from scorekeeper_worker.serving.service import label_lists
 
     loop = asyncio.new_event_loop()
     stages = {"tokenize+plan": 0.0, "inputs": 0.0, "forward": 0.0, "scoring": 0.0}
@@ -63,7 +63,7 @@ def score_once(model: Any, request: Any, mis: bool, max_batch_tokens: int) -> di
     tokens = tokenize(model, request)
     items = request.item_list
     job = ScoreJob(num_items=len(items), apply_softmax=request.apply_softmax, temperature=1.0,
-                   labels=_label_lists(model, request, len(items)), want_pooled=False, prompt_tokens=0,
+                   labels=label_lists(model, request, len(items)), want_pooled=False, prompt_tokens=0,
                    multi_item=False, future=loop.create_future(), loop=loop)
     p = plan(model, request, tokens, job, mis and model.is_decoder, max_batch_tokens, None)
     job.remaining = sum(len(u.pools) for u in p.units)

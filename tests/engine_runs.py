@@ -15,9 +15,10 @@ from scorekeeper_worker.contract.schemas import ScoreRequest
 from scorekeeper_worker.contract.schemas_compat import EmbeddingRequest
 from scorekeeper_worker.engine.executor import Executor
 from scorekeeper_worker.engine.jobs import ScoreJob
-from scorekeeper_worker.model.loader import ModelKind, ScoringModel
+from scorekeeper_worker.model.loader import ScoringModel
 from scorekeeper_worker.planning.encoding import Direction, LengthRules
 from scorekeeper_worker.planning.planner import plan, tokenize
+from scorekeeper_worker.serving.service import label_lists
 
 Rows = list[list[float]]
 
@@ -29,15 +30,6 @@ def variant(source: Path, target: Path, **config: Any) -> Path:
         settings = json.loads((target / "config.json").read_text())
         (target / "config.json").write_text(json.dumps(settings | config))
     return target
-
-
-def _labels(model: ScoringModel, request: ScoreRequest, rows_of: list[int]) -> list[list[int]] | None:
-    if model.kind != ModelKind.CAUSAL_LM:
-        return None
-    labels = request.label_token_ids if request.label_token_ids is not None else model.default_labels
-    assert labels is not None
-    per_item = labels if isinstance(labels[0], list) else [labels] * len(request.item_list)
-    return [per_item[row] for row in rows_of]  # type: ignore[misc]
 
 
 def request_for(body: dict[str, Any]) -> ScoreRequest | EmbeddingRequest:
@@ -67,9 +59,11 @@ def outcomes(model: ScoringModel, requests: list[ScoreRequest] | list[ScoreReque
             request, rules, prompt_name, embed = _as_score(original)
             mis = request.multi_item_scoring if request.multi_item_scoring is not None else multi_item
             try:
+                per_item = label_lists(model, request, len(request.item_list))  # refused as the server refuses
                 tokens = tokenize(model, request, rules, prompt_name, query_row=not embed)
+                labels = None if per_item is None else [per_item[item] for item in tokens.rows_of]
                 job = ScoreJob(num_items=len(tokens.items), apply_softmax=request.apply_softmax,
-                               temperature=request.temperature, labels=_labels(model, request, tokens.rows_of),
+                               temperature=request.temperature, labels=labels,
                                want_pooled=embed, prompt_tokens=0, multi_item=False, future=loop.create_future(),
                                loop=loop, embed=embed)
                 job_plan = plan(model, request, tokens, job, mis and model.is_decoder, max_batch_tokens, delimiter,

@@ -135,6 +135,8 @@ def expected(subject: Subject, body: dict[str, Any]) -> Outcome:
     softmax, temperature = body.get("apply_softmax", False), body.get("temperature", 1.0)
     if subject.kind == "causal_lm":
         labels = body.get("label_token_ids") or subject.engine.default_labels
+        if softmax and len(labels) == 1:  # every item would score 1.0: docs/api.md says this is refused
+            return Refused("a single label token under apply_softmax")
         return [reference.causal_lm_scores(subject.hf, ids, labels, softmax, temperature) for ids, _ in sequences]
     logits = [reference.classifier_scores(subject.hf, ids, types, False) for ids, types in sequences]
     return [_probabilities(subject, row, temperature) for row in logits] if softmax else logits

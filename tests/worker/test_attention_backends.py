@@ -62,7 +62,7 @@ def test_sliding_window_is_applied_alike(tiny_model: Callable[[str], Path]) -> N
 
 def _random_layout(seed: int) -> TokenLayout:
     """A graph-shaped token layout with everything in it: sequences, multi-item groups (empty query, empty items,
-    prefixes shorter than the query row), padding."""
+    prefixes shorter than the query row, items that also see an earlier item of their group), padding."""
     rng = random.Random(seed)
     units = []
     for _ in range(rng.randint(1, 6)):
@@ -72,7 +72,9 @@ def _random_layout(seed: int) -> TokenLayout:
         else:
             query = rng.randint(0, 40)
             items = [[1] * rng.randint(0, 25) for _ in range(rng.randint(1, 6))]
-            units.append(PackUnit([1] * (query + 1), items=items, visible_prefix=query, pools=[Pool(range(1), 0)]))
+            parents = [rng.choice([-1, *range(i)]) for i in range(len(items))]
+            units.append(PackUnit([1] * (query + 1), items=items, visible_prefix=query, pools=[Pool(range(1), 0)],
+                                  parents=parents))
     tokens = sum(u.num_tokens for u in units)
     shape = GraphShape(tokens=tokens + rng.randint(0, 40), sequences=len(units))
     layout = build_inputs(units, CPU, LayoutKind.FLEX, shape).layout.tokens

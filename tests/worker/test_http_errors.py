@@ -27,7 +27,9 @@ MALFORMED: list[tuple[str, bytes, str]] = [
     ("invalid UTF-8 in query", b'{"query": "a\xffb", "items": ["x"], "label_token_ids": [1]}', "query"),
     ("invalid UTF-8 in an item", b'{"query": "q", "items": ["\xc3\x28"], "label_token_ids": [1]}', "items[0]"),
     ("JSON nested 100k deep", b'{"query": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "arrays and objects"),
-    ("JSON nested 1,100 deep", b'{"query": ' + b"[" * 1100 + b"]" * 1100 + b"}", "nested"),
+    ("JSON nested 1,100 deep", b'{"query": ' + b"[" * 1100 + b"]" * 1100 + b"}", "nested 1101 deep"),
+    ("JSON nested 40 deep in objects", b'{"query": "q", "items": ["x"], "label_token_ids": [1], "a": '
+     + b'{"b": [' * 20 + b"]}" * 20 + b"}", "nested 41 deep"),
     ("integer of 5,000 digits", b'{"query": [' + BIG_INT + b'], "items": [[1]], "label_token_ids": [1]}', "digits"),
     ("integer beyond 64 bits", b'{"query": "q", "items": ["x"], "label_token_ids": [18446744073709551616]}',
      "label_token_ids[0]"),

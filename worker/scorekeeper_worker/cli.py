@@ -137,8 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
         "score difference (default: no bound)", type=float)
     add("--quantization-min-top10", "certificate: refuse to become ready below this share of top-10 agreement "
         "between int8 and float32 rankings (default: no bound)", type=float)
-    add("--decision-template", "/v1/decisions: a prompt template file that replaces the built-in decision template "
-        "(docs/decisions.md)", type=Path)
+    add("--decision-template", "/v1/decisions and /v1/systemone (causal LMs): a Jinja file in the chat-template "
+        "language that renders a conversation ending in one question into the prompt, replacing the built-in one "
+        "(the model's own chat template; docs/decisions.md)", type=Path)
     return parser
 
 
@@ -236,6 +237,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             try:
                 load_template(config.prompt_template)  # a missing file or a broken template: before loading
             except TemplateError as error:
+                raise ConfigError(str(error)) from None
+        if config.decision_template is not None:
+            from scorekeeper_worker.model.decision_template import DecisionTemplateError, load_decision_template
+
+            try:
+                load_decision_template(config.decision_template)  # the same, for the decision template
+            except DecisionTemplateError as error:
                 raise ConfigError(str(error)) from None
     except ConfigError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)

@@ -25,6 +25,7 @@ STAGES = ("tokenize", "queue", "forward", "scoring", "serialize", "end_to_end")
 REJECTIONS = ("queue_full", "body_too_large", "request_tokens", "response_bytes")
 CANCELLATIONS = ("disconnect", "timeout")
 SIZE_CLASSES = ("small", "medium", "large")  # queue wait by request size (`size_class`)
+DECISION_TYPES = ("predicate", "yes_no", "choice", "score")  # planning.decision_prompts.QuestionKind
 
 
 def size_class(tokens: int, max_batch_tokens: int) -> str:
@@ -75,6 +76,9 @@ class WorkerMetrics:
                                      registry=r)
         self.score_requests = Counter("scorekeeper_score_requests_total", "Scored requests by execution mode",
                                       ["mode"], registry=r)
+        self.decision_questions = Counter("scorekeeper_decision_questions_total",
+                                          "Questions answered on /v1/decisions and /v1/systemone, by type", ["type"],
+                                          registry=r)
         self.hidden_copy_bytes = Counter("scorekeeper_hidden_state_copy_bytes_total",
                                          "Bytes of pooled hidden states copied device→host", registry=r)
         self.hidden_copy_seconds = Histogram("scorekeeper_hidden_state_copy_seconds",
@@ -124,6 +128,8 @@ class WorkerMetrics:
         for mode in ("multi_item", "single_item"):
             self.items.labels(mode)
             self.score_requests.labels(mode)
+        for question_type in DECISION_TYPES:
+            self.decision_questions.labels(question_type)
         for reason in REJECTIONS:
             self.rejected.labels(reason)
         for reason in CANCELLATIONS:

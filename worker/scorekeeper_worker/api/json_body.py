@@ -6,11 +6,11 @@ FastAPI's route handler parses JSON with `Request.json()` and then validates it;
 through unchanged). A thread is enough only because no step holds the interpreter for long: `json.loads` and
 pydantic hold it for the whole of one call, and a body of millions of small arrays costs seconds there (mostly the
 garbage collector, which walks every container), so such a body is refused before it is parsed, from a scan of its
-bytes (`count_containers`: a few fast passes of at most tens of milliseconds for 8 MB). Then:
+bytes (`structure`: a few fast passes of at most tens of milliseconds for 8 MB). Then:
 - UTF-8 is decoded with `surrogateescape`, so invalid bytes survive as lone surrogates and the request model's text
   check names the field that holds them (instead of one "body is not UTF-8" for the whole request);
-- every parse failure (syntax, nesting deeper than the interpreter's recursion limit, integers of more than 4,300
-  digits) is a 400 that says what is wrong.
+- nesting deeper than MAX_DEPTH is refused from the same scan;
+- every parse failure (syntax, integers of more than 4,300 digits) is a 400 that says what is wrong.
 A body sent without a JSON content type is a 400 saying which content type to send; a compressed body, or one in
 another charset than UTF-8, is a 415.
 """
@@ -21,6 +21,7 @@ import asyncio
 import json
 import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from email.message import Message
 from typing import Any
 
@@ -34,34 +35,46 @@ from scorekeeper_worker.api.error_shape import validation_message
 from scorekeeper_worker.contract.errors import BadRequest, UnsupportedMediaType
 
 JSON_TYPES = ("application/json",)
-_NOT_STRUCTURE = bytes(range(256)).translate(None, b'"[{')  # every byte but a quote and the opening brackets
+MAX_DEPTH = 32  # arrays and objects inside each other; the deepest body of this API nests 4
+_NOT_STRUCTURE = bytes(range(256)).translate(None, b'"[]{}')  # every byte but a quote and the brackets
 
 
-def count_containers(body: bytes) -> int:
-    """Arrays and objects in a JSON text, counting only brackets outside strings. A guard, not a parser: garbage
-    gives some count, and json.loads refuses it afterwards."""
+@dataclass(frozen=True)
+class Structure:
+    containers: int  # arrays and objects
+    depth: int  # the deepest nesting of them
+
+
+def structure(body: bytes) -> Structure:
+    """Arrays and objects in a JSON text and how deep they nest, counting only brackets outside strings. A guard, not
+    a parser: garbage gives some answer, and json.loads refuses it afterwards."""
     # Escaped backslashes, then escaped quotes, go first: every quote left opens or closes a string.
     marks = body.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE)
     codes = np.frombuffer(marks, dtype=np.uint8)
     quotes = codes == ord('"')
-    inside = np.cumsum(quotes, dtype=np.uint8) & 1  # parity of the quotes so far (uint8 wraps: parity survives)
-    return int(np.count_nonzero(~quotes & (inside == 0)))
+    outside = ~quotes & ((np.cumsum(quotes, dtype=np.uint8) & 1) == 0)  # quote parity (uint8 wraps: parity survives)
+    opens = outside & ((codes == ord("[")) | (codes == ord("{")))
+    closes = outside & ((codes == ord("]")) | (codes == ord("}")))
+    steps = opens.astype(np.int32) - closes
+    return Structure(int(np.count_nonzero(opens)), int(np.cumsum(steps).max(initial=0)))
 
 
 def parse(body: bytes, model: type[BaseModel] | None, max_containers: int) -> Any:
     """Body bytes → the validated model (or plain JSON without one); a worker thread runs this."""
-    if body.count(b"[") + body.count(b"{") > max_containers:  # brackets in strings too: count them exactly
-        containers = count_containers(body)
-        if containers > max_containers:
-            raise BadRequest(f"body: {containers} JSON arrays and objects, over this server's limit of "
+    # Brackets in strings count here too, so a body under both limits by this count is under them exactly; json.loads'
+    # own nesting limit is the interpreter's recursion limit, which libraries raise: this one is the server's.
+    if body.count(b"[") + body.count(b"{") > min(max_containers, MAX_DEPTH):
+        found = structure(body)
+        if found.containers > max_containers:
+            raise BadRequest(f"body: {found.containers} JSON arrays and objects, over this server's limit of "
                              f"{max_containers} (4 per item of --max-items-per-request, plus 1024)")
+        if found.depth > MAX_DEPTH:
+            raise BadRequest(f"body: JSON nested {found.depth} deep, over this server's limit of {MAX_DEPTH}")
     text = body.decode("utf-8", "surrogateescape")
     try:
         parsed = json.loads(text)
     except json.JSONDecodeError as error:
         raise BadRequest(f"body: not valid JSON: {error.msg} at line {error.lineno} column {error.colno}") from None
-    except RecursionError:
-        raise BadRequest("body: JSON nested too deeply") from None
     except ValueError:  # int() of a decimal string longer than Python's limit
         raise BadRequest(f"body: an integer has more than {sys.get_int_max_str_digits()} digits") from None
     if model is None or not isinstance(parsed, dict):  # FastAPI's own validation says what else it should be

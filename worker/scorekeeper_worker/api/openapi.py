@@ -1,7 +1,8 @@
 """The OpenAPI document: FastAPI's, less its 422 (validation errors are 400s here), plus what the ASGI layers add
 (the x-request-id header, the bearer scheme on /v1), and describing the server as loaded, so that every body the
 document calls valid can be served by this model:
-- /v1/embeddings is listed only when the model is an embedding model;
+- /v1/embeddings is listed only when the model is an embedding model, /v1/decisions and /v1/systemone only when it
+  is a causal LM (api/decisions.SERVED_KINDS);
 - where a query and an item can both be empty and then make a sequence of no tokens (token ids, always; text, on a
   decoder whose tokenizer adds no special tokens and with no prompt template), the request schema says `not` that.
 Until the model has loaded the document is not cached (it cannot say all this yet).
@@ -15,6 +16,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from scorekeeper_worker.api.auth import is_protected
+from scorekeeper_worker.api.decisions import DECISIONS, SERVED_KINDS, SYSTEMONE
 from scorekeeper_worker.model.loader import ModelKind, ScoringModel
 
 REQUEST_ID_HEADER = {"x-request-id": {"description": "the request's id (the client's x-request-id, or a new one); "
@@ -48,6 +50,9 @@ def _empty_pairs(model: ScoringModel) -> tuple[dict[str, Any], dict[str, Any]]:
 def _describe_the_model(schema: dict[str, Any], model: ScoringModel) -> None:
     if model.kind != ModelKind.EMBEDDING:
         schema["paths"].pop("/v1/embeddings", None)
+    if model.kind not in SERVED_KINDS:
+        for path in (DECISIONS, SYSTEMONE):
+            schema["paths"].pop(path, None)
     score, rerank = _empty_pairs(model)
     schema["components"]["schemas"]["ScoreRequest"].update(score)
     schema["components"]["schemas"]["RerankRequest"].update(rerank)

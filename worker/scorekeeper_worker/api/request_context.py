@@ -30,7 +30,8 @@ from scorekeeper_worker.logs import REQUEST_ID
 from scorekeeper_worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
-SCORING_PATHS = frozenset({"/v1/score", "/v1/rerank", "/v2/rerank", "/v1/embeddings"})
+SCORING_PATHS = frozenset({"/v1/score", "/v1/rerank", "/v2/rerank", "/v1/embeddings", "/v1/decisions",
+                           "/v1/systemone"})
 _SANE_ID = re.compile(rb"[!-~]{1,128}")
 
 

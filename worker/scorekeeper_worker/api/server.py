@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException
 
 from scorekeeper_worker.api.auth import ApiKeyAuth, ApiKeys
 from scorekeeper_worker.api.body_limit import BodyLimit
+from scorekeeper_worker.api.decisions import add_routes as add_decision_routes
 from scorekeeper_worker.api.disconnect import cancel_on_disconnect
 from scorekeeper_worker.api.drain import Drain, DrainingServer
 from scorekeeper_worker.api.embeddings import embed
@@ -145,6 +146,9 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
         vectors, prompt_tokens = await cancel_on_disconnect(embed(service, body), http.receive)
         response = await asyncio.to_thread(embedding_response, body, vectors, prompt_tokens)
         return Response(await asyncio.to_thread(response.model_dump_json), media_type="application/json")
+
+    # Decisions (/v1/decisions, /v1/systemone): served by causal LMs only (api/decisions.SERVED_KINDS).
+    add_decision_routes(app, service, scoring_errors)
 
     @app.get("/v1/models", response_model=ModelList, responses=error_responses(*v1, *ANY_ROUTE))
     async def models() -> ModelList:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from scorekeeper_worker.engine.jobs import ScoreJob
+    from scorekeeper_worker.engine.jobs import Job
     from scorekeeper_worker.engine.packing import PackUnit
 
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 class OpenRequest:
     """A request admitted to the scheduler: its job and the units not yet taken into a batch."""
 
-    job: ScoreJob
+    job: Job
     units: deque[PackUnit]
     queued_tokens: int  # tokens of `units`
     size: str  # one of metrics.SIZE_CLASSES

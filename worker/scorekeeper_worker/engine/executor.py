@@ -9,7 +9,7 @@ import torch
 
 from scorekeeper_worker.engine.cuda_graphs import GraphRunner
 from scorekeeper_worker.engine.forward import PaddedTrunk, pooled_rows
-from scorekeeper_worker.engine.jobs import CopyStats, ScoreJob
+from scorekeeper_worker.engine.jobs import CopyStats, Job
 from scorekeeper_worker.engine.packing import PackUnit, build_inputs
 from scorekeeper_worker.kernels.attention import LayoutKind
 from scorekeeper_worker.model.loader import ScoringModel
@@ -38,7 +38,7 @@ class Executor:
         self.trunk = trunk
 
     @torch.inference_mode()
-    def run(self, units: list[PackUnit]) -> tuple[list[ScoreJob], BatchStats]:
+    def run(self, units: list[PackUnit]) -> tuple[list[Job], BatchStats]:
         """Score a batch; returns the jobs that got rows in it (the caller finishes the complete ones)."""
         started = time.perf_counter()
         bucket = self.graphs.select(units) if self.graphs is not None else None
@@ -56,7 +56,7 @@ class Executor:
         if pooled.is_cuda:
             torch.cuda.synchronize()
         forwarded = time.perf_counter()
-        by_job: dict[int, tuple[ScoreJob, list[int], list[int]]] = {}
+        by_job: dict[int, tuple[Job, list[int], list[int]]] = {}
         for row, (job, slot) in enumerate(inputs.owners):
             entry = by_job.setdefault(id(job), (job, [], []))
             entry[1].append(slot)

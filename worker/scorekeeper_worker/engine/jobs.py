@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -31,6 +32,21 @@ class CopyStats:
     vectors: int = 0
     bytes: int = 0
     seconds: float = 0.0
+
+
+class Job(Protocol):
+    """What the scheduler and the executor need of a request's job: a ScoreJob, or a DecisionJob
+    (engine/decision_job.py)."""
+
+    remaining: int  # pooled rows not yet absorbed
+    enqueued_at: float
+    started_at: float | None
+
+    def absorb(self, model: ScoringModel, slots: list[int], rows: torch.Tensor, copies: CopyStats) -> None: ...
+
+    def finish(self) -> None: ...
+
+    def fail(self, error: BaseException) -> None: ...
 
 
 @dataclass

@@ -25,7 +25,9 @@ class Pool:
 
 @dataclass
 class PackUnit:
-    """One context row (a whole sequence, or a multi-item query) and, for multi-item scoring, its item rows."""
+    """One context row (a whole sequence, or a multi-item query) and, for multi-item scoring, its item rows. An item
+    may have a parent (`parents[i]`: the index of an earlier item, -1 for none; empty: no item has one): it then
+    also sees every token of that item and is positioned after it, as in the sequence `query + parent + item`."""
 
     context: list[int]
     items: list[list[int]] = field(default_factory=list)
@@ -35,6 +37,7 @@ class PackUnit:
     positions: list[int] | None = None  # the context row's position ids where they are not position_start + index
     rope_table: int = 0  # the RoPE table of every token of the unit (model/rope.py)
     pools: list[Pool] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
 
     def context_positions(self) -> list[int]:
         if self.positions is not None:
@@ -44,6 +47,14 @@ class PackUnit:
     @property
     def num_tokens(self) -> int:
         return len(self.context) + sum(len(item) for item in self.items)
+
+    def parent(self, item: int) -> int:
+        return self.parents[item] if self.parents else -1
+
+    def item_start(self, item: int) -> int:
+        """The first position id of an item (after its query's visible prefix, and its parent when it has one)."""
+        parent = self.parent(item)
+        return self.position_start + self.visible_prefix + (len(self.items[parent]) if parent >= 0 else 0)
 
 
 @dataclass(frozen=True)
@@ -98,6 +109,7 @@ class _Row:
     tokens: list[int]  # packed indices
     positions: list[int]
     context: int = -1  # item rows: index into the item-context rows
+    parent: _Row | None = None  # child item rows: the parent item's row
 
 
 def _blocks(rows: list[_Row]) -> list[list[_Row]]:
@@ -122,6 +134,12 @@ def _row_block(rows: list[_Row], spare: int, device: torch.device) -> RowBlock:
         write_index=_tensor([t for r, p in zip(rows, pad, strict=True) for t in r.tokens + [spare] * p], device),
         padded=any(pad),
     )
+
+
+def _item_block(rows: list[_Row], spare: int, device: torch.device) -> ItemBlock:
+    parents = [r.parent for r in rows if r.parent is not None]
+    return ItemBlock(**vars(_row_block(rows, spare, device)), context=_tensor([r.context for r in rows], device),
+                     parents=_row_block(parents, spare, device) if parents else None)
 
 
 def _add_pools(unit: PackUnit, start: int, pool_token: list[int], pool_slot: list[int], pool_weight: list[float],
@@ -173,21 +191,26 @@ def build_inputs(units: list[PackUnit], device: torch.device, kind: LayoutKind =
         token_types += unit.token_types or [0] * len(unit.context)
         if unit.items:  # the query tokens its items see: the context row without its delimiter
             item_context_rows.append(_Row(row.tokens[:unit.visible_prefix], row.positions[:unit.visible_prefix]))
-        for item in unit.items:
-            first = unit.position_start + unit.visible_prefix
+        unit_rows: list[_Row] = []
+        for i, item in enumerate(unit.items):
+            first = unit.item_start(i)
             item_positions = list(range(first, first + len(item)))
-            item_rows.append(_Row(list(range(len(ids), len(ids) + len(item))), item_positions,
-                                  context=len(item_context_rows) - 1))
+            parent = unit_rows[unit.parent(i)] if unit.parent(i) >= 0 else None
+            unit_rows.append(_Row(list(range(len(ids), len(ids) + len(item))), item_positions,
+                                  context=len(item_context_rows) - 1, parent=parent))
             ids += item
             positions += item_positions
             token_types += [0] * len(item)
         tables += [unit.rope_table] * unit.num_tokens
+        item_rows += unit_rows
         _add_pools(unit, start, pool_token, pool_slot, pool_weight, owners)
 
     spare = len(ids)
     context_blocks = [_row_block(rows, spare, device) for rows in _blocks(context_rows)]
-    item_blocks = [ItemBlock(**vars(_row_block(rows, spare, device)),
-                             context=_tensor([r.context for r in rows], device)) for rows in _blocks(item_rows)]
+    # Child items come in blocks of their own: they have a third view, their parents.
+    children = [r for r in item_rows if r.parent is not None]
+    item_blocks = [_item_block(rows, spare, device)
+                   for rows in _blocks([r for r in item_rows if r.parent is None]) + _blocks(children)]
     item_contexts = _row_block(item_context_rows, spare, device) if item_context_rows else None
     layout = AttentionLayout(context_blocks, item_blocks, item_contexts)
     return ForwardInputs(
@@ -213,6 +236,7 @@ def _build_token_inputs(units: list[PackUnit], device: torch.device, kind: Layou
     context: list[int] = []
     offset: list[int] = []
     prefix: list[int] = []
+    parent: list[int] = []
     pool_token: list[int] = []
     pool_slot: list[int] = []
     pool_weight: list[float] = []
@@ -231,8 +255,9 @@ def _build_token_inputs(units: list[PackUnit], device: torch.device, kind: Layou
         context += [-1] * len(unit.context)
         offset += range(len(unit.context))
         prefix += [0] * len(unit.context)
-        first = unit.position_start + unit.visible_prefix
-        for item in unit.items:
+        parent += [-1] * len(unit.context)
+        for i, item in enumerate(unit.items):
+            first = unit.item_start(i)
             ids += item
             positions += range(first, first + len(item))
             token_types += [0] * len(item)
@@ -240,6 +265,7 @@ def _build_token_inputs(units: list[PackUnit], device: torch.device, kind: Layou
             context += [query_segment] * len(item)
             offset += range(len(item))
             prefix += [unit.visible_prefix] * len(item)
+            parent += [query_segment + 1 + unit.parent(i) if unit.parent(i) >= 0 else -1] * len(item)
             rows += 1
         tables += [unit.rope_table] * unit.num_tokens
         _add_pools(unit, start, pool_token, pool_slot, pool_weight, owners)
@@ -257,6 +283,7 @@ def _build_token_inputs(units: list[PackUnit], device: torch.device, kind: Layou
         offset += [0] * pad
         prefix += [0] * pad
         tables += [0] * pad
+        parent += [-1] * pad
         spare = shape.contributions - len(pool_token)
         pool_token += [shape.tokens - 1] * spare  # any token: the weight is zero and the slot is the scratch one
         pool_slot += [shape.sequences] * spare
@@ -266,7 +293,8 @@ def _build_token_inputs(units: list[PackUnit], device: torch.device, kind: Layou
 
     position_ids = _tensor([positions], device)
     tokens = TokenLayout(segment=_tensor(segment, device), context=_tensor(context, device),
-                         offset=_tensor(offset, device), prefix=_tensor(prefix, device), positions=position_ids[0])
+                         offset=_tensor(offset, device), prefix=_tensor(prefix, device), positions=position_ids[0],
+                         parent=_tensor(parent, device))
     layout = AttentionLayout(kind=kind, tokens=tokens)
     return ForwardInputs(
         input_ids=_tensor([ids], device),

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from scorekeeper_worker.contract.errors import Overloaded
 from scorekeeper_worker.engine.batching import OpenRequest, arrival_turn, take_batch
 from scorekeeper_worker.engine.executor import BatchStats, Executor
-from scorekeeper_worker.engine.jobs import ScoreJob
+from scorekeeper_worker.engine.jobs import Job
 from scorekeeper_worker.engine.packing import PackUnit
 from scorekeeper_worker.metrics import WorkerMetrics, size_class
 
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 # Sees every batch (job and unit per entry) on the model thread just before it runs. A test hook: observing batch
 # composition, or holding the model thread so that a test sets up the queue deterministically, never by timing.
-BatchObserver = Callable[[list[tuple[ScoreJob, PackUnit]]], None]
+BatchObserver = Callable[[list[tuple[Job, PackUnit]]], None]
 
 
 class Scheduler:
@@ -58,7 +58,7 @@ class Scheduler:
         """Tokens admitted and not yet taken into a batch."""
         return self._queued_tokens
 
-    def submit(self, job: ScoreJob, units: list[PackUnit], tokens: int) -> OpenRequest:
+    def submit(self, job: Job, units: list[PackUnit], tokens: int) -> OpenRequest:
         """Admit a request's units, `tokens` in all (429 when the queue is full); the handle cancels it. Constant
         work besides copying the unit list: it runs on the event loop."""
         request = OpenRequest(job, deque(units), tokens, size_class(tokens, self.max_batch_tokens))

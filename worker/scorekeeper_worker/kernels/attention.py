@@ -7,9 +7,10 @@ fixed-size index tensors, so the cost grows with N·I·(Q+I), never with T². Ea
 (`attention_kernels.tiled`: on CPU the fused flash kernel, which also returns the log-sum-exp): decoder rows need
 no mask at all (rows are right-padded, so causality hides padding keys from every real query), encoder rows a
 key-padding mask only where a block has padding, sliding windows a mask from position ids, and an item's two views
-(its query, itself) are two calls merged exactly by their log-sum-exps. Softcapping (and non-CPU devices) take the
-explicit float32 path. Any mask or explicit score matrix is built one tile of queries at a time, so memory is
-bounded by the tile, not by the square of the longest row. Nothing here reads a device value back to the host.
+(its query, itself; a child item's three, with its parent item) are calls merged exactly by their log-sum-exps.
+Softcapping (and non-CPU devices) take the explicit float32 path. Any mask or explicit score matrix is built one
+tile of queries at a time, so memory is bounded by the tile, not by the square of the longest row. Nothing here reads
+a device value back to the host.
 
 CUDA-graph buckets use the per-token rules instead (`LayoutKind.DENSE`: explicit tiles of a fixed number of
 queries against the whole bucket, so the result does not depend on how far a bucket is padded; or
@@ -81,12 +82,21 @@ def _to_query_mask(block: ItemBlock, contexts: RowBlock, window: int | None) -> 
                    False, window, contiguous=False)
 
 
-def _item_to_query(q_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int, block: ItemBlock,
-                   contexts: RowBlock, mask: RowMask | None, scale: float,
-                   softcap: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The item tokens' view of their query. With one query for the whole batch the items are folded into the query
-    dimension: one call against the shared query K/V instead of R broadcast copies."""
-    kc, vc = _rows(k, contexts.token_index, groups), _rows(v, contexts.token_index, groups)
+def _to_parent_mask(block: ItemBlock, window: int | None) -> RowMask | None:
+    """Child item tokens against their parent item's keys (all earlier): a window, or the parents' padding."""
+    parents = block.parents
+    assert parents is not None
+    if window is None and not parents.padded:
+        return None
+    return RowMask(block.positions, parents.positions, _valid(parents) if parents.padded else None, False, window,
+                   contiguous=False)
+
+
+def _item_to_query(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, block: ItemBlock, contexts: RowBlock,
+                   mask: RowMask | None, scale: float, softcap: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The item tokens' view of their query (`kc`, `vc`: the query rows' keys and values, gathered once per layer
+    for every item block). With one query for the whole batch the items are folded into the query dimension: one
+    call against the shared query K/V instead of R broadcast copies."""
     if contexts.token_index.shape[0] == 1:
         r, heads, length, dim = q_rows.shape
         folded = q_rows.transpose(0, 1).reshape(1, heads, r * length, dim)
@@ -129,15 +139,23 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
         _put(out, block, attend(qr, kr, vr, mask, causal, scale, softcap)[0])  # type: ignore[arg-type]
 
     contexts = layout.item_contexts
+    if contexts is not None:  # every item block reads the same query rows: gather them once
+        kc, vc = _rows(k, contexts.token_index, groups), _rows(v, contexts.token_index, groups)
     for i, block in enumerate(layout.item_blocks):
         assert contexts is not None
         to_query_mask = layout.cached(("to-query", i, window), lambda b=block: _to_query_mask(b, contexts, window))
         mask = layout.cached(("item", i, window), lambda b=block: RowMask(
             b.positions, b.positions, _valid(b) if b.padded else None, True, window, contiguous=True))
         qr, kr, vr = (_rows(t, block.token_index, g) for t, g in ((q, 1), (k, groups), (v, groups)))
-        to_query = _item_to_query(qr, k, v, groups, block, contexts, to_query_mask, scale, softcap)  # type: ignore[arg-type]
+        to_query = _item_to_query(qr, kc, vc, block, contexts, to_query_mask, scale, softcap)  # type: ignore[arg-type]
         to_item = attend(qr, kr, vr, mask, True, scale, softcap)  # type: ignore[arg-type]
-        _put(out, block, merge(to_query, to_item))
+        if block.parents is None:
+            _put(out, block, merge(to_query, to_item))
+            continue
+        parent_mask = layout.cached(("to-parent", i, window), lambda b=block: _to_parent_mask(b, window))
+        kp, vp = (_rows(t, block.parents.token_index, groups) for t in (k, v))
+        to_parent = attend(qr, kp, vp, parent_mask, False, scale, softcap)  # type: ignore[arg-type]
+        _put(out, block, merge(to_query, to_parent, to_item))
     return out[:tokens].unsqueeze(0), None
 
 

@@ -4,9 +4,10 @@ Input is a token layout (`attention.TokenLayout`, built on the host by `packing.
 device and with tensor ops only (so it is recorded inside a CUDA graph and recomputed at every replay), we derive:
 - `mask_mod`: `attention.token_allowed`, the same rule the dense and row-block paths use;
 - the block tables of a `BlockMask` (128×128 tiles): a tile is skipped when no query of it can see any key of it
-  (segment ranges do not meet; later keys under causality; out of the window), computed without a mask_mod pass,
-  and "full" (no mask_mod evaluated) when every pair is allowed: both tiles inside one segment with all keys before
-  all queries, or item queries of one query row against keys of that query's visible prefix. Everything else is
+  (the segment ranges of the queries' own rows, query rows and parent items do not meet the keys'; later keys under
+  causality; out of the window), computed without a mask_mod pass, and "full" (no mask_mod evaluated) when every
+  pair is allowed: both tiles inside one segment with all keys before all queries, or item queries of one query row
+  against keys of that query's visible prefix. Everything else is
   "partial" and masked per element, so a tile classified too coarsely costs time, never correctness. On a GPU
   the kernel reads these tables at run time, so a graph bucket pays for the live tiles, not for its full size.
 
@@ -80,6 +81,7 @@ def _padded_tokens(tokens: TokenLayout, length: int) -> TokenLayout:
         offset=F.pad(tokens.offset, (0, extra)),
         prefix=F.pad(tokens.prefix, (0, extra)),
         positions=F.pad(tokens.positions, (0, extra)),
+        parent=F.pad(tokens.parent, (0, extra), value=-1),
     )
 
 
@@ -97,8 +99,10 @@ def block_tables(tokens: TokenLayout, causal: bool, window: int | None,
 
     segment = per_block(padded.segment)
     visible = per_block(torch.where(padded.context >= 0, padded.context, padded.segment))
+    parent = per_block(torch.where(padded.parent >= 0, padded.parent, padded.segment))
     seg_lo, seg_hi = segment.amin(1), segment.amax(1)
     vis_lo, vis_hi = visible.amin(1), visible.amax(1)
+    par_lo, par_hi = parent.amin(1), parent.amax(1)
     pos_lo, pos_hi = per_block(padded.positions).amin(1), per_block(padded.positions).amax(1)
     q_block = torch.arange(blocks, device=device)[:, None]
     k_block = torch.arange(blocks, device=device)[None, :]
@@ -106,7 +110,7 @@ def block_tables(tokens: TokenLayout, causal: bool, window: int | None,
     def meets(q_lo: torch.Tensor, q_hi: torch.Tensor) -> torch.Tensor:  # query tiles' range vs keys' segments
         return (seg_lo[None, :] <= q_hi[:, None]) & (q_lo[:, None] <= seg_hi[None, :])
 
-    nonempty = meets(seg_lo, seg_hi) | meets(vis_lo, vis_hi)
+    nonempty = meets(seg_lo, seg_hi) | meets(vis_lo, vis_hi) | meets(par_lo, par_hi)
     if causal:
         nonempty = nonempty & (k_block <= q_block)
     if window is not None:  # symmetric windows: a key may also be ahead of the query (encoders)

@@ -157,9 +157,11 @@ def _explicit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.
     return (torch.softmax(scores, dim=-1) @ v).to(q.dtype), torch.logsumexp(scores, dim=-1)
 
 
-def merge(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Attention over the union of two disjoint key sets, from each set's output and log-sum-exp."""
-    (out_a, lse_a), (out_b, lse_b) = a, b
-    top = torch.maximum(lse_a, lse_b)
-    w_a, w_b = torch.exp(lse_a - top)[..., None], torch.exp(lse_b - top)[..., None]
-    return ((out_a.float() * w_a + out_b.float() * w_b) / (w_a + w_b)).to(out_a.dtype)
+def merge(*parts: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Attention over the union of disjoint key sets, from each set's output and log-sum-exp."""
+    top = parts[0][1]
+    for _, lse in parts[1:]:
+        top = torch.maximum(top, lse)
+    weights = [torch.exp(lse - top)[..., None] for _, lse in parts]
+    total = sum(out.float() * w for (out, _), w in zip(parts, weights, strict=True))
+    return (total / sum(weights)).to(parts[0][0].dtype)

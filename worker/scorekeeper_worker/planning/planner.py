@@ -97,7 +97,7 @@ def _pooled(pooling: Pooling, length: int, first: int = 0) -> range:
             Pooling.LAST: range(length - 1, length)}[pooling]
 
 
-def _admit(planned: int, limit: int | None, how: str, field: str) -> None:
+def admit(planned: int, limit: int | None, how: str, field: str) -> None:
     """The `--max-request-tokens` check, on the planned count, before any unit is built (so a request over it costs
     a pass over its lengths, never the tokens it would plan)."""
     if limit is not None and planned > limit:
@@ -109,7 +109,7 @@ def _where(tokens: Tokenized, row: int) -> str:
     return f"{tokens.field}[{tokens.rows_of[row]}]"
 
 
-def _mis_chunks(context: int, rows: list[int], max_batch_tokens: int) -> list[range]:
+def mis_chunks(context: int, rows: list[int], max_batch_tokens: int) -> list[range]:
     """Items per multi-item chunk: the context (query + delimiter) and as many item rows as fit the batch budget,
     at least one."""
     chunks: list[range] = []
@@ -138,7 +138,7 @@ def plan(model: ScoringModel, request: ScoreRequest, tokens: Tokenized, job: obj
         for row, length in enumerate(lengths):
             _too_long(model, length, _where(tokens, row))
         planned = sum(lengths)
-        _admit(planned, max_request_tokens, "the query is repeated for every item", field)
+        admit(planned, max_request_tokens, "the query is repeated for every item", field)
         units = []
         for row, (item, length) in enumerate(zip(tokens.items, lengths, strict=True)):
             ids, types = pair.join(item, tokens.query) if request.item_first else pair.join(tokens.query, item)
@@ -157,7 +157,7 @@ def plan(model: ScoringModel, request: ScoreRequest, tokens: Tokenized, job: obj
                                  "which its pooling leaves out: include_prompt false) within its maximum of "
                                  f"{model.max_positions} tokens")
         planned = sum(len(ids) for _, ids in sequences)
-        _admit(planned, max_request_tokens, "the query and every item once" if query_row else "every input once",
+        admit(planned, max_request_tokens, "the query and every item once" if query_row else "every input once",
                field)
         units = [PackUnit(ids, position_start=start, positions=positions(model, ids),
                           rope_table=rope_table(model, len(ids)),
@@ -170,7 +170,7 @@ def plan(model: ScoringModel, request: ScoreRequest, tokens: Tokenized, job: obj
     if multi_item and not request.item_first:
         return _plan_multi_item(model, tokens, job, max_batch_tokens, delimiter, max_request_tokens)
     planned = len(tokens.items) * len(query) + sum(len(item) for item in tokens.items)
-    _admit(planned, max_request_tokens, "the query is repeated for every item", field)
+    admit(planned, max_request_tokens, "the query is repeated for every item", field)
     units = []
     for row, item in enumerate(tokens.items):
         ids = item + query if request.item_first else query + item
@@ -195,10 +195,10 @@ def _plan_multi_item(model: ScoringModel, tokens: Tokenized, job: object, max_ba
     for i in shared:
         groups.setdefault(rope_table(model, len(query) + len(items[i])), []).append(i)
     chunks = [(table, [group[k] for k in chunk]) for table, group in groups.items()
-              for chunk in _mis_chunks(len(context), [len(items[i]) + len(tail) for i in group], max_batch_tokens)]
+              for chunk in mis_chunks(len(context), [len(items[i]) + len(tail) for i in group], max_batch_tokens)]
     planned = (len(chunks) * len(context) + sum(len(items[i]) + len(tail) for i in shared)
                + sum(len(query) + len(items[i]) for i in alone))
-    _admit(planned, max_request_tokens, f"the query is repeated in each of {len(chunks)} multi-item chunks",
+    admit(planned, max_request_tokens, f"the query is repeated in each of {len(chunks)} multi-item chunks",
            tokens.field)
     units: list[PackUnit] = []
     for table, chunk in chunks:

@@ -114,7 +114,7 @@ def _fit_item(model: ScoringModel, shared: str, tail: str, item: str, whole: lis
     return [prompt]
 
 
-def _common_prefix(first: list[int], others: list[list[int]]) -> int:
+def common_prefix(first: list[int], others: list[list[int]]) -> int:
     length = len(first)
     for other in others:
         length = min(length, len(other))
@@ -138,5 +138,5 @@ def encode(model: ScoringModel, template: PromptTemplate, query: str, items: lis
         rows += fitted
         rows_of += [index] * len(fitted)
     head = model.specials.prefix + list(model.tokenizer(shared, add_special_tokens=False)["input_ids"])
-    common = _common_prefix(head, rows)
+    common = common_prefix(head, rows)
     return Tokenized(head[:common], [row[common:] for row in rows], rows_of, rules.field)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -21,12 +22,13 @@ from scorekeeper_worker.engine.scheduler import Scheduler
 from scorekeeper_worker.kernels.attention import LayoutKind
 from scorekeeper_worker.kernels.flex import resolve_backend
 from scorekeeper_worker.metrics import WorkerMetrics
+from scorekeeper_worker.model.decision_template import DecisionTemplate, resolve_decision_template
 from scorekeeper_worker.model.loader import ModelKind, ScoringModel, load_model
 from scorekeeper_worker.model.prompt_template import load_template, resolve_label_tokens
 from scorekeeper_worker.planning.encoding import LengthRules
 from scorekeeper_worker.planning.planner import ScorePlan, length_rules, plan, tokenize
 from scorekeeper_worker.planning.token_budget import refuse_early
-from scorekeeper_worker.serving import quantization, selfcheck
+from scorekeeper_worker.serving import decision_selfcheck, quantization, selfcheck
 from scorekeeper_worker.serving.gc_pauses import freeze_after_load
 
 log = logging.getLogger(__name__)
@@ -54,7 +56,7 @@ class Scored:
     multi_item: bool
 
 
-def _label_lists(model: ScoringModel, request: ScoreRequest, num_items: int) -> list[list[int]] | None:
+def label_lists(model: ScoringModel, request: ScoreRequest, num_items: int) -> list[list[int]] | None:
     if model.kind != ModelKind.CAUSAL_LM:
         return None  # ignored for classifier, reward, cross-encoder and embedding models (SGLang does the same)
     labels = request.label_token_ids if request.label_token_ids is not None else model.default_labels
@@ -110,6 +112,7 @@ class ScoringService:
         self.metrics = metrics
         self.model: ScoringModel | None = None
         self.scheduler: Scheduler | None = None
+        self.decision_template: DecisionTemplate | None = None  # causal LMs: /v1/decisions, /v1/systemone
         self.ready = False
         self.failed = False
         self.failure: str | None = None  # why loading failed: one paragraph, for the log and the termination message
@@ -142,6 +145,9 @@ class ScoringService:
                               delimiter=delimiter)
         self.metrics.warmup_seconds.set(check.engine_seconds)
         self.metrics.self_check_tolerance.set(check.tolerance)
+        if self.decision_template is not None and check.deviation is not None:
+            decided = decision_selfcheck.run(model, executor, self.decision_template, config.mis_enabled)
+            check = dataclasses.replace(check, deviation=max(check.deviation, decided))
         if check.deviation is None:
             log.warning("self-check skipped (--no-self-check): scores are not compared with transformers at start-up")
         else:
@@ -185,6 +191,11 @@ class ScoringService:
             raise ValueError(f"--label-tokens: label tokens are read from a causal LM's next-token logits; this "
                              f"model is a {model.kind.value}, whose own head gives its scores")
         model.template = template
+        if model.kind == ModelKind.CAUSAL_LM:
+            self.decision_template = resolve_decision_template(model.tokenizer, config.decision_template)
+        elif config.decision_template is not None:
+            raise ValueError(f"--decision-template: decisions are read from a causal LM's next-token probabilities; "
+                             f"this model is a {model.kind.value}")
         if labels is not None:
             model.default_labels = resolve_label_tokens(model.tokenizer, labels, source, model.logit_size)
         if template is not None or labels is not None:
@@ -222,9 +233,10 @@ class ScoringService:
         timeout drops the request's queued work."""
         if self.model is None or self.scheduler is None:
             raise NotReady("model is loading")
-        return await self._bounded(self._run(self.model, self.scheduler, request, rules, embed, prompt_name))
+        return await self.bounded(self._run(self.model, self.scheduler, request, rules, embed, prompt_name))
 
-    async def _bounded(self, work: Awaitable[T]) -> T:
+    async def bounded(self, work: Awaitable[T]) -> T:
+        """`work`, or a 504 past --request-timeout-seconds (its remaining work dropped by the caller)."""
         timeout = self.config.request_timeout_seconds
         try:
             async with asyncio.timeout(timeout) as deadline:
@@ -272,7 +284,7 @@ class ScoringService:
         if len(items) > config.max_items_per_request:
             field = rules.field if rules is not None else "input" if embed else "items"
             raise BadRequest(f"{field}: {len(items)} items exceed the limit of {config.max_items_per_request}")
-        labels = _label_lists(model, request, len(items))
+        labels = label_lists(model, request, len(items))
         if request.return_pooled_hidden_states:
             if model.kind == ModelKind.CAUSAL_LM:
                 raise BadRequest("return_pooled_hidden_states is not supported for causal LM models; it needs a "

@@ -1,0 +1,106 @@
+"""Decisions on the scoring service: one request (either wire format, as a DecisionAsk) from its checks to each
+question's option probabilities, on the same model thread, queue, limits, timeout and cancellation as /v1/score.
+
+Every limit is checked before the work it bounds: the number of questions (`--max-items-per-request`) and the
+response's size (`--max-response-bytes`) from the request's shape; the input's length and a lower bound of the
+planned tokens (`--max-request-tokens`) before any prompt is rendered; the exact planned tokens before anything is
+queued."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import TYPE_CHECKING
+
+from scorekeeper_worker.contract.errors import BadRequest, NonFiniteScore, NotReady, ResponseTooLarge
+from scorekeeper_worker.engine.decision_job import DecisionJob, DecisionResult
+from scorekeeper_worker.model.decision_template import DecisionTemplate
+from scorekeeper_worker.model.loader import ModelKind, ScoringModel
+from scorekeeper_worker.planning import decision_plan, decision_prompts
+from scorekeeper_worker.planning.decision_prompts import DecisionAsk
+from scorekeeper_worker.planning.encoding import too_long
+
+if TYPE_CHECKING:
+    from scorekeeper_worker.serving.service import ScoringService
+
+# Upper bound of an answer's JSON besides its option names: its type, name field, score and confidence; and of one
+# option's: its probability (25 bytes, as for /v1/score) and the field names around it. Names, values and level
+# descriptions count 6 bytes per character (JSON escapes), twice (System One repeats a choice's label).
+ANSWER_BYTES = 128
+OPTION_BYTES = 64
+OVERHEAD_BYTES = 1024
+
+
+def _check_response_bytes(ask: DecisionAsk, model_name: str, limit: int) -> None:
+    options = sum(len(q.options) for q in ask.questions)
+    text = len(model_name) + sum(len(q.field) + sum(len(o.name) + len(o.description or "") for o in q.options)
+                                 for q in ask.questions)
+    bound = OVERHEAD_BYTES + ANSWER_BYTES * len(ask.questions) + OPTION_BYTES * options + 12 * text
+    if bound > limit:
+        raise ResponseTooLarge(f"questions: the response could reach {bound} bytes ({len(ask.questions)} questions, "
+                               f"{options} options), over this server's limit of {limit} (--max-response-bytes); "
+                               "ask fewer questions per request")
+
+
+def served_template(service: ScoringService, route: str) -> tuple[ScoringModel, DecisionTemplate]:
+    model = service.model
+    if model is None or service.scheduler is None:
+        raise NotReady("model is loading")
+    if model.kind != ModelKind.CAUSAL_LM or service.decision_template is None:
+        raise BadRequest(f"model: {route} reads answers from a causal LM's next-token probabilities; this server "
+                         f"serves a {model.kind.value} (use /v1/score or /v1/rerank)")
+    return model, service.decision_template
+
+
+async def decide(service: ScoringService, ask: DecisionAsk, route: str) -> DecisionResult:
+    """Each question's probabilities over its options, in order (503 while loading; 400 for another model kind)."""
+    model, template = served_template(service, route)
+    return await service.bounded(_decide(service, model, template, ask))
+
+
+async def _decide(service: ScoringService, model: ScoringModel, template: DecisionTemplate,
+                  ask: DecisionAsk) -> DecisionResult:
+    loop = asyncio.get_running_loop()
+    scheduler = service.scheduler
+    assert scheduler is not None
+    started = time.perf_counter()
+    job, plan = await asyncio.to_thread(_prepare, service, model, template, ask, loop)
+    service.metrics.stage_seconds.labels("tokenize").observe(time.perf_counter() - started)
+    queued = scheduler.submit(job, plan.units, plan.prompt_tokens)
+    try:
+        result = await job.future
+    except BaseException:  # cancelled, timed out or failed: nothing of it may stay queued
+        scheduler.cancel(queued)
+        raise
+    if not all(math.isfinite(p) for row in result.probabilities for p in row):
+        raise NonFiniteScore("the model produced a non-finite score for this request (numeric overflow in "
+                             f"{str(model.dtype).removeprefix('torch.')}); no answers are returned")
+    for question in ask.questions:
+        service.metrics.decision_questions.labels(question.kind.value).inc()
+    service.metrics.prompt_tokens.inc(result.prompt_tokens)
+    return result
+
+
+def _prepare(service: ScoringService, model: ScoringModel, template: DecisionTemplate, ask: DecisionAsk,
+             loop: asyncio.AbstractEventLoop) -> tuple[DecisionJob, decision_plan.DecisionPlan]:
+    """Checks, prompts, tokens and the plan (a worker thread)."""
+    config = service.config
+    if len(ask.questions) > config.max_items_per_request:
+        raise BadRequest(f"questions: {len(ask.questions)} questions exceed the limit of "
+                         f"{config.max_items_per_request}")
+    _check_response_bytes(ask, model.name, config.max_response_bytes)
+    input_tokens = decision_prompts.input_tokens(model, ask)
+    if input_tokens > model.max_positions:
+        raise too_long("input", input_tokens, model.max_positions, " before the decision prompt and the question")
+    options = [decision_prompts.option_tokens(model, question) for question in ask.questions]
+    multi_item = config.mis_enabled and len(ask.questions) > 1
+    own = [len(ids) for ids in decision_prompts.token_lists(
+        model, [decision_prompts.question_text(question) for question in ask.questions])]
+    decision_plan.admit_early(input_tokens, own, multi_item, config.max_request_tokens)
+    tokens = decision_prompts.tokenize(model, template, ask, options)
+    job = DecisionJob(decision_plan.questions(tokens), loop.create_future(), loop)
+    plan = decision_plan.plan(model, tokens, [q.field for q in ask.questions], job, multi_item,
+                              config.max_batch_tokens, config.max_request_tokens)
+    job.planned(plan.targets, plan.prompt_tokens, plan.multi_item)
+    return job, plan
