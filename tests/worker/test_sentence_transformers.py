@@ -206,3 +206,24 @@ def test_an_embedding_pipeline_around_a_class_without_an_embedding_row_is_refuse
         (shutil.copytree if source.is_dir() else shutil.copy)(source, path / name)
     with pytest.raises(UnsupportedModel, match="Qwen2ForCausalLM with a sentence-transformers embedding pipeline"):
         load_model(path, DType.FLOAT32, "cpu", "t")
+
+
+@pytest.mark.parametrize("direction", ["right", "left"])
+def test_max_tokens_per_item_cuts_the_text_never_the_prompt(variant: Callable[[str], Path], direction: str) -> None:
+    """docs/api.md "Long inputs": under an embedding model's prompt, `max_tokens_per_item` counts and cuts only the
+    text's own tokens; the prompt's tokens stay whole, in front, whichever end is cut."""
+    from scorekeeper_worker.contract.schemas import ScoreRequest
+    from scorekeeper_worker.planning.planner import tokenize
+
+    path = variant("bert-default-prompt")
+    model = load_model(path, DType.FLOAT32, "cpu", "t")
+    tokenizer = _encoder(path).tokenizer
+    prompt = tokenizer(VARIANTS["bert-default-prompt"].prompts["query"], add_special_tokens=False)["input_ids"]
+    text = tokenizer(LONG, add_special_tokens=False)["input_ids"]
+    cls, sep = tokenizer("")["input_ids"]  # BERT: [CLS] text [SEP]
+    assert len(prompt) > 1 and len(text) > 10
+    kept = text[:5] if direction == "right" else text[-5:]
+    request = ScoreRequest(query="q", items=[LONG, "dog"], max_tokens_per_item=5, truncation_direction=direction)
+    items = tokenize(model, request).items
+    assert items == [[cls, *prompt, *kept, sep],
+                     tokenizer(VARIANTS["bert-default-prompt"].prompts["query"] + "dog")["input_ids"]]
