@@ -95,6 +95,8 @@ def embedding(subject: Subject, text: str | list[int], prompt: str, cut: Cut) ->
     if len(plain) > room and not cut.truncate:
         return Refused("too long")
     ids = prefix + _keep(plain, room, cut.direction) + suffix
+    if not ids:
+        return Refused("empty sequence")
     if _nothing_to_pool(subject, len(ids), prompt_length):
         return Refused("nothing left to pool after the prompt")
     if cut.cap is not None:

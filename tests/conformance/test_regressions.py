@@ -5,7 +5,9 @@ as the suite: tests/conformance/test_conformance_engine.py). Found on the engine
 - a longrope reward model's long sequence co-batched with a short one: the table of each sequence.
 Found on the sentence-transformers variants:
 - `max_tokens_per_item` under an embedding model's prompt cut the prompt with the text (an item of the prompt alone,
-  "nothing left to pool", or a 200 for an item over the maximum): it cuts the text's own tokens."""
+  "nothing left to pool", or a 200 for an item over the maximum): it cuts the text's own tokens;
+- then, with a prompt that fills most of the maximum and a left cut, the text's tail was read with the maximum's
+  bound alone, too short to hold the prompt's tokens too: the text was lost, the item scored as its prompt alone."""
 
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ REGRESSIONS: list[tuple[str, list[dict[str, Any]], int | None]] = [
     ("qwen3-embedding-causal-weights", [{"query": "a", "items": ["the dog runs in the park " * 3],
                                          "max_tokens_per_item": 3, "truncate": True, "truncation_direction": "left"}],
      None),
+    ("qwen3-embedding-default-prompt", [{"query": "", "items": ["*"], "max_tokens_per_item": 1, "truncate": True,
+                                         "truncation_direction": "left"}], None),
 ]
 
 

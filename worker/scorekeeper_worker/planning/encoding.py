@@ -123,10 +123,12 @@ class Inputs:
 
 def _needs(limit: int, rules: LengthRules, keep_first: int) -> tuple[int, int]:
     """Tokens of the query and of an item that a request can ever use, plus one to tell that a text is longer: the
-    model's maximum (per window when chunking), or `max_item_tokens` after the item's first `keep_first`."""
+    model's maximum (per window when chunking); with `max_item_tokens`, the item's first `keep_first` (never cut by
+    it) and then the fewer of the two, so that a left cut's tail holds `keep_first` more tokens than it keeps (the
+    prompt can fill most of the maximum: its tokens do not count against what the text keeps)."""
     item = limit * (rules.max_chunks if rules.chunk else 1)
     if rules.max_item_tokens is not None:
-        item = min(item, keep_first + rules.max_item_tokens)
+        item = keep_first + min(item, rules.max_item_tokens)
     return limit + 1, item + 1
 
 
