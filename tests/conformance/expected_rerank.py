@@ -16,6 +16,8 @@ import torch
 from conformance.compare import ATOL, RTOL, Refused
 from conformance.expected import expected
 from conformance.subjects import Subject
+from hypothesis import event
+from hypothesis.control import currently_in_test_context
 
 
 def _single_logit(subject: Subject) -> bool:
@@ -44,6 +46,8 @@ def relevance(subject: Subject, body: dict[str, Any]) -> list[float] | Refused:
 def check_ranking(body: dict[str, Any], served: dict[str, Any] | None, refusal: str | None,
                   want: list[float] | Refused) -> None:
     """`served`: the body of a 200; `refusal`: the message of a 400 (one of them is None)."""
+    if currently_in_test_context():  # counted by --hypothesis-show-statistics
+        event("refused" if isinstance(want, Refused) else "ranked")
     if isinstance(want, Refused):
         assert refusal is not None, f"ranked a request that must be refused ({want.why}): {body}"
         return

@@ -29,10 +29,11 @@ def _ids(subject: Subject, max_length: int) -> st.SearchStrategy[list[int]]:
 
 
 @st.composite
-def score_body(draw: st.DrawFn, subject: Subject, multi_item: bool = True) -> dict[str, Any]:
-    """One request body; `multi_item`: whether it may ask for multi-item scoring (decoders)."""
+def score_body(draw: st.DrawFn, subject: Subject, multi_item: bool = True, text_only: bool = False) -> dict[str, Any]:
+    """One request body; `multi_item`: whether it may ask for multi-item scoring (decoders); `text_only`: no token
+    ids."""
     limit, variant = subject.max_positions, subject.variant
-    text = subject.template is not None or draw(st.booleans())
+    text = subject.template is not None or text_only or draw(st.booleans())
     count = draw(st.integers(1, 5))
     if text:
         query = draw(_text(subject, subject.room // 3))
@@ -91,7 +92,7 @@ def request_body(subject: Subject) -> st.SearchStrategy[dict[str, Any]]:
 def rerank_body(draw: st.DrawFn, subject: Subject) -> dict[str, Any]:
     """A /v1/rerank body: texts (documents as strings or {"text", "id"} objects), top_n, long documents cut by
     max_tokens_per_doc and truncate, or refused."""
-    score = draw(score_body(subject, multi_item=False).filter(lambda body: isinstance(body["query"], str)))
+    score = draw(score_body(subject, multi_item=False, text_only=True))
     documents = [text if draw(st.booleans()) else {"text": text, "id": f"doc-{i}"}
                  for i, text in enumerate(score["items"])]
     body: dict[str, Any] = {"query": score["query"], "documents": documents}
