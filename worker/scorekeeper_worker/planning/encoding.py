@@ -86,16 +86,21 @@ def fit_query(query: list[int], overhead: int, limit: int, rules: LengthRules, c
 def fit_item(ids: list[int], room: int, limit: int, rules: LengthRules, where: str,
              clipped: bool = False, keep_first: int = 0) -> list[list[int]]:
     """One item's tokens as the rows to score: itself, cut, or its windows; `room` is what fits beside the rest.
-    `keep_first`: leading tokens (an embedding model's prompt) that `max_item_tokens` does not count or cut."""
+    `keep_first`: leading tokens (an embedding model's prompt) that `max_item_tokens` does not count or cut, and that
+    begin every window."""
+    head, text = ids[:keep_first], ids[keep_first:]
     if rules.max_item_tokens is not None:
-        ids = ids[:keep_first] + cut(ids[keep_first:], rules.max_item_tokens, rules.direction)
+        text = cut(text, rules.max_item_tokens, rules.direction)
+    ids = head + text
     if len(ids) <= room:
         return [ids]
     if rules.chunk:
-        if room < 1:
-            raise BadRequest(f"{where}: the query leaves no room for a window of it within the model's maximum of "
-                             f"{limit} tokens")
-        return [ids[a:b] for a, b in window_bounds(len(ids), room, rules.max_chunks, rules.direction)]
+        width = room - len(head)
+        if width < 1:
+            what = "the model's prompt leaves" if head else "the query leaves"
+            raise BadRequest(f"{where}: {what} no room for a window of it within the model's maximum of {limit} "
+                             "tokens")
+        return [head + text[a:b] for a, b in window_bounds(len(text), width, rules.max_chunks, rules.direction)]
     if rules.truncate:
         return [cut(ids, room, rules.direction)]
     raise too_long(where, len(ids) + limit - room - clipped, limit, TRUNCATE_HINT, clipped)
@@ -118,18 +123,24 @@ class Inputs:
     verbatim: bool  # token-id inputs: no special tokens are added
     item_first: bool = False
     clipped: frozenset[int] = frozenset()  # texts tokenized only up to their bound: -1 the query, else item indices
-    keep_first: int = 0  # leading tokens of every item that max_item_tokens leaves alone (an embedding prompt's)
+    keep_first: int = 0  # leading tokens of every item, max_item_tokens leaves alone, in every window (a prompt's)
 
 
 def _needs(limit: int, rules: LengthRules, keep_first: int) -> tuple[int, int]:
     """Tokens of the query and of an item that a request can ever use, plus one to tell that a text is longer: the
-    model's maximum (per window when chunking); with `max_item_tokens`, the item's first `keep_first` (never cut by
-    it) and then the fewer of the two, so that a left cut's tail holds `keep_first` more tokens than it keeps (the
-    prompt can fill most of the maximum: its tokens do not count against what the text keeps)."""
+    model's maximum (per window when chunking), or `max_item_tokens` if fewer; with either of those, the item's
+    first `keep_first` on top (never cut, and in every window), so that a left cut's tail holds `keep_first` more
+    tokens than it keeps (the prompt can fill most of the maximum: its tokens do not count against the text's)."""
     item = limit * (rules.max_chunks if rules.chunk else 1)
     if rules.max_item_tokens is not None:
-        item = keep_first + min(item, rules.max_item_tokens)
-    return limit + 1, item + 1
+        item = min(item, rules.max_item_tokens)
+    return limit + 1, item + (keep_first if _heads_apart(rules) else 0) + 1
+
+
+def _heads_apart(rules: LengthRules) -> bool:
+    """Whether an item's leading `keep_first` tokens are kept apart from the rest: they are when max_item_tokens
+    cuts the rest, or chunking windows it."""
+    return rules.max_item_tokens is not None or rules.chunk
 
 
 def _with_heads(model: ScoringModel, texts: list[str], tails: list[Clipped], keep_first: int) -> list[Clipped]:
@@ -155,7 +166,7 @@ def plain_tokens(model: ScoringModel, query: str | list[int], items: list[str] |
     query_need, item_need = _needs(model.max_positions, rules, keep_first)
     from_end = rules.direction == Direction.LEFT
     encoded = bounded_ids(model.tokenizer, texts, [query_need] + [item_need] * len(items), from_end=from_end)
-    if from_end and keep_first and rules.max_item_tokens is not None:
+    if from_end and keep_first and _heads_apart(rules):
         encoded[1:] = _with_heads(model, texts[1:], encoded[1:], keep_first)
     clipped = frozenset(i - 1 for i, tokens in enumerate(encoded) if tokens.clipped)
     return Inputs(encoded[0].ids, [tokens.ids for tokens in encoded[1:]], verbatim=False, clipped=clipped,
