@@ -4,8 +4,8 @@ Each repetition is a fresh Python process (the first forward of a process pays l
 worker does) that loads the model, builds the executor and runs `selfcheck.run` once, timing the engine pass
 (which doubles as the warm-up, so it is paid even with --no-self-check) and the reference pass (what the check
 adds), then for a causal LM the decision probe (`decision_selfcheck.run`, engine and reference, as a worker with
---multi-item-scoring runs it), in wall time and in CPU time of the process (all of it). On a shared machine wall time grows with other load; CPU time
-does not (much), so both are reported, as medians over the repetitions.
+--multi-item-scoring runs it), in wall time and in CPU time of the process (all of it). On a shared machine wall time
+grows with other load; CPU time does not (much), so both are reported, as medians over the repetitions.
 
     .venv/bin/python bench/bench_selfcheck.py                 # MiniLM (the default model), float32, 5 repetitions
     .venv/bin/python bench/bench_selfcheck.py --model PATH --dtype bfloat16 --repeat 3
@@ -74,8 +74,8 @@ def main() -> None:
              f"{median([r['wall'] for r in runs]):.3f}", f"{max(r['wall'] for r in runs):.3f}",
              f"{median([r['cpu'] for r in runs]):.3f}", f"{max(r['deviation'] for r in runs):.2g}",
              f"{first['tolerance']:g}"]]
-    print(markdown_table(["model", "dtype", "sequences", "tokens", "engine s", "reference s", "decision s", "total wall s",
-                          "max wall s", "CPU s", "deviation", "tolerance"], rows))
+    print(markdown_table(["model", "dtype", "sequences", "tokens", "engine s", "reference s", "decision s",
+                          "total wall s", "max wall s", "CPU s", "deviation", "tolerance"], rows))
     print(f"\n{args.repeat} fresh processes; medians. {machine_note()}")
 
 
