@@ -3,8 +3,9 @@
 Each repetition is a fresh Python process (the first forward of a process pays lazy initialisation, as a starting
 worker does) that loads the model, builds the executor and runs `selfcheck.run` once, timing the engine pass
 (which doubles as the warm-up, so it is paid even with --no-self-check) and the reference pass (what the check
-adds), in wall time and in CPU time of the process. On a shared machine wall time grows with other load; CPU time
-does not (much), so both are reported, as medians over the repetitions.
+adds), then for a causal LM the decision probe (`decision_selfcheck.run`, engine and reference, as a worker with
+--multi-item-scoring runs it), in wall time and in CPU time of the process (all of it). On a shared machine wall time
+grows with other load; CPU time does not (much), so both are reported, as medians over the repetitions.
 
     .venv/bin/python bench/bench_selfcheck.py                 # MiniLM (the default model), float32, 5 repetitions
     .venv/bin/python bench/bench_selfcheck.py --model PATH --dtype bfloat16 --repeat 3
@@ -34,8 +35,15 @@ executor = Executor(model)
 wall, cpu = time.perf_counter(), time.process_time()
 result = selfcheck.run(model, executor, check=True, max_batch_tokens=8192, max_items=4096, multi_item=False,
                        delimiter=None)
+decision = 0.0
+if model.kind.value == "causal_lm":  # the decision probe, as a worker with --multi-item-scoring runs it
+    from scorekeeper_worker.model.decision_template import resolve_decision_template
+    from scorekeeper_worker.serving import decision_selfcheck
+    started = time.perf_counter()
+    decision_selfcheck.run(model, executor, resolve_decision_template(model.tokenizer, None), True)
+    decision = time.perf_counter() - started
 print(json.dumps({"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu,
-                  "engine": result.engine_seconds, "reference": result.reference_seconds,
+                  "engine": result.engine_seconds, "reference": result.reference_seconds, "decision": decision,
                   "deviation": result.deviation, "tolerance": result.tolerance, "sequences": result.sequences,
                   "tokens": result.tokens}))
 """
@@ -62,11 +70,12 @@ def main() -> None:
     first = runs[0]
     rows = [["/".join(args.model.parts[-2:]), args.dtype, str(first["sequences"]), str(first["tokens"]),
              f"{median([r['engine'] for r in runs]):.3f}", f"{median([r['reference'] for r in runs]):.3f}",
+             f"{median([r['decision'] for r in runs]):.3f}",
              f"{median([r['wall'] for r in runs]):.3f}", f"{max(r['wall'] for r in runs):.3f}",
              f"{median([r['cpu'] for r in runs]):.3f}", f"{max(r['deviation'] for r in runs):.2g}",
              f"{first['tolerance']:g}"]]
-    print(markdown_table(["model", "dtype", "sequences", "tokens", "engine s", "reference s", "total wall s",
-                          "max wall s", "CPU s", "deviation", "tolerance"], rows))
+    print(markdown_table(["model", "dtype", "sequences", "tokens", "engine s", "reference s", "decision s",
+                          "total wall s", "max wall s", "CPU s", "deviation", "tolerance"], rows))
     print(f"\n{args.repeat} fresh processes; medians. {machine_note()}")
 
 

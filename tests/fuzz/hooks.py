@@ -26,7 +26,6 @@ MODEL_DEPENDENT = re.compile("|".join([
     r"the (query|model's prompt) leaves no room for a window",  # its maximum sequence length (and prompt), again
     r"^instruct: this server has no prompt template|^instruct: the prompt template .* has no \{instruct\}",
     r"^item_first: this server's prompt template",
-    r"reads answers from a causal LM's next-token probabilities",  # /v1/decisions, /v1/systemone on another kind
     r"images are not supported: the served model reads text only",  # a text model (OpenAI's schema has images)
     r"has no tokens in this model's tokenizer|are the same text to the model",  # its tokenizer
     r"^input: the decision template \(.*\) cannot render this conversation",  # its chat template (roles it refuses)

@@ -14,16 +14,16 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, Discriminator, Field, StrictBool, Tag, field_validator
 
 from scorekeeper_worker.contract.errors import BadRequest
-from scorekeeper_worker.contract.schemas import STRICT, Text, _valid_text
+from scorekeeper_worker.contract.schemas import STRICT, Text, valid_text
 
 
 def _valid_json(value: Any) -> Any:
     """Every string of a JSON value (keys included) is valid Unicode text, as for every other text field."""
     if isinstance(value, str):
-        _valid_text(value)
+        valid_text(value)
     elif isinstance(value, dict):
         for key, item in value.items():
-            _valid_text(key)
+            valid_text(key)
             _valid_json(item)
     elif isinstance(value, list):
         for item in value:
@@ -208,7 +208,7 @@ InputItem = Annotated[
 
 
 Instructions = text_or_list(UserPart, "input_text, input_image or input_json parts")  # OpenAI's question parts
-Name = Annotated[str, Field(min_length=1), AfterValidator(_valid_text)]  # an answer's text: at least one token
+Name = Annotated[str, Field(min_length=1), AfterValidator(valid_text)]  # an answer's text: at least one token
 
 
 def _unique_values(keys: list[Any], field: str, what: str) -> None:

@@ -29,7 +29,7 @@ UNSUPPORTED_SGLANG_FIELDS = ("return_token_logprobs", "score_extraction_token", 
 STRICT = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
 
 
-def _valid_text(value: str) -> str:
+def valid_text(value: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as error:
@@ -62,7 +62,7 @@ def _label_shape(value: Any) -> str | None:
     return None if shape == "<text>" else shape
 
 
-Text = Annotated[str, AfterValidator(_valid_text)]
+Text = Annotated[str, AfterValidator(valid_text)]
 TokenId = Annotated[int, Field(ge=0, le=MAX_INT), BeforeValidator(integral)]
 TokenIds = list[TokenId]
 Query = Annotated[

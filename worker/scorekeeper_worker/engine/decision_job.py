@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from scorekeeper_worker.engine import heads
-from scorekeeper_worker.engine.jobs import CopyStats, _set_exception, _set_result
+from scorekeeper_worker.engine.jobs import CopyStats, set_exception, set_result
 from scorekeeper_worker.model.loader import ScoringModel
 
 
@@ -145,7 +145,7 @@ class DecisionJob:
             multi_item=self.multi_item,
             queue_seconds=(self.started_at or self.enqueued_at) - self.enqueued_at,
         )
-        self.loop.call_soon_threadsafe(_set_result, self.future, result)
+        self.loop.call_soon_threadsafe(set_result, self.future, result)
 
     def fail(self, error: BaseException) -> None:
-        self.loop.call_soon_threadsafe(_set_exception, self.future, error)
+        self.loop.call_soon_threadsafe(set_exception, self.future, error)

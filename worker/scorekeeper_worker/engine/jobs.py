@@ -130,17 +130,17 @@ class ScoreJob:
             multi_item=self.multi_item,
             queue_seconds=(self.started_at or self.enqueued_at) - self.enqueued_at,
         )
-        self.loop.call_soon_threadsafe(_set_result, self.future, result)
+        self.loop.call_soon_threadsafe(set_result, self.future, result)
 
     def fail(self, error: BaseException) -> None:
-        self.loop.call_soon_threadsafe(_set_exception, self.future, error)
+        self.loop.call_soon_threadsafe(set_exception, self.future, error)
 
 
-def _set_result(future: asyncio.Future[JobResult], result: JobResult) -> None:
+def set_result(future: asyncio.Future[JobResult], result: JobResult) -> None:
     if not future.done():
         future.set_result(result)
 
 
-def _set_exception(future: asyncio.Future[JobResult], error: BaseException) -> None:
+def set_exception(future: asyncio.Future[JobResult], error: BaseException) -> None:
     if not future.done():
         future.set_exception(error)

@@ -27,7 +27,7 @@ from scorekeeper_worker.planning.decision_prompts import (
     QuestionKind,
     yes_no,
 )
-from scorekeeper_worker.serving.selfcheck import TOLERANCE, SelfCheckFailed, _eager_attention, deviation
+from scorekeeper_worker.serving.selfcheck import TOLERANCE, SelfCheckFailed, deviation, eager_attention
 
 PROBE = DecisionAsk(
     messages=(ChatMessage("user", "Customer wrote: I was charged twice for my order #4411 and want one of the "
@@ -62,7 +62,7 @@ def reference_probabilities(model: ScoringModel, tokens: DecisionTokens) -> list
     """Each option's flat sequence alone through the model's own forward: Σ log-softmax of its tokens, then a
     softmax over the options (float64)."""
     out = []
-    with _eager_attention(model):
+    with eager_attention(model):
         for prompt, options in zip(tokens.prompts, tokens.options, strict=True):
             totals = []
             for option in options:

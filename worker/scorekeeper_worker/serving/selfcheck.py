@@ -96,7 +96,7 @@ def engine_scores(model: ScoringModel, executor: Executor, probe_set: list[Probe
 
 
 @contextmanager
-def _eager_attention(model: ScoringModel) -> Iterator[None]:
+def eager_attention(model: ScoringModel) -> Iterator[None]:
     if not model.packed:  # the model's own attention already
         yield
         return
@@ -124,7 +124,7 @@ def reference_scores(model: ScoringModel, probe_set: list[Probe],
     reading of the sentence-transformers files). Returns (scores per probe, labels per probe)."""
     scores: Rows = []
     labels: Labels = []
-    with _eager_attention(model):
+    with eager_attention(model):
         for probe in probe_set:
             rows, probe_labels = [], []
             query = encoder.embed_ids(probe.query) if encoder is not None else None
@@ -151,7 +151,7 @@ def _template_rows(model: ScoringModel, executor: Executor, multi_item: bool) ->
     causal = model.kind == ModelKind.CAUSAL_LM
     reference: Rows = []
     labels: list[list[int]] = []
-    with _eager_attention(model), torch.inference_mode():
+    with eager_attention(model), torch.inference_mode():
         for item in TEMPLATE_ITEMS:
             ids = list(model.tokenizer(template.render(TEMPLATE_QUERY, item, None))["input_ids"])
             out = _forward(model, ids)
@@ -206,7 +206,7 @@ def run(model: ScoringModel, executor: Executor, *, check: bool, max_batch_token
     if check:
         reference, labels = reference_scores(model, every, encoder)
         if encoder is not None and text_probes is not None:
-            with _eager_attention(model):
+            with eager_attention(model):
                 text_reference = embedding_reference.reference_rows(encoder, text_probes)
     else:
         labels = [[[0, 1]] * len(p.items) if model.kind == ModelKind.CAUSAL_LM else None for p in every]
