@@ -6,8 +6,8 @@ for (`truncate`, `truncation_direction`: the tokenizer's own truncation side).
 Where `encode` has no equivalent, the sequence is built by the documented rules (docs/api.md "Long inputs") and run
 through the SentenceTransformer's own modules (Transformer, Pooling with its prompt_length, Normalize), then cut to
 truncate_dim as `encode` cuts it: token-id inputs (verbatim, no prompt) and `max_tokens_per_item`, which cuts the
-text's own tokens, after the prompt's (as many as the prompt alone has, sentence-transformers' prompt_length), never
-the prompt."""
+text's own tokens, after the prompt's (as many as the prompt alone has without special tokens), never the
+prompt."""
 
 from __future__ import annotations
 
