@@ -1,5 +1,6 @@
 """Checkpoint variants and engine runs for exactness tests: a tiny model copied with config edits, and requests
-planned as the server plans them, all of their units run as ONE packed batch through the real executor."""
+planned as the server plans them (/v1/score bodies, and /v1/embeddings bodies as api/embeddings.py hands them to
+the service), all of their units run as ONE packed batch through the real executor."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from typing import Any
 
 from scorekeeper_worker.contract.errors import BadRequest
 from scorekeeper_worker.contract.schemas import ScoreRequest
+from scorekeeper_worker.contract.schemas_compat import EmbeddingRequest
 from scorekeeper_worker.engine.executor import Executor
 from scorekeeper_worker.engine.jobs import ScoreJob
 from scorekeeper_worker.model.loader import ScoringModel
+from scorekeeper_worker.planning.encoding import Direction, LengthRules
 from scorekeeper_worker.planning.planner import plan, tokenize
 from scorekeeper_worker.serving.service import label_lists
 
@@ -29,25 +32,42 @@ def variant(source: Path, target: Path, **config: Any) -> Path:
     return target
 
 
-def outcomes(model: ScoringModel, requests: list[ScoreRequest], multi_item: bool = False,
-             delimiter: int | None = None, max_batch_tokens: int = 1 << 20) -> list[Rows | BadRequest]:
+def request_for(body: dict[str, Any]) -> ScoreRequest | EmbeddingRequest:
+    """The validated request of a /v1/embeddings body (it has `input`) or a /v1/score body."""
+    return EmbeddingRequest(**body) if "input" in body else ScoreRequest(**body)
+
+
+def _as_score(request: ScoreRequest | EmbeddingRequest) -> tuple[ScoreRequest, LengthRules | None, str | None, bool]:
+    """A request as the service runs it: its ScoreRequest, length rules, prompt name, and whether it embeds."""
+    if isinstance(request, ScoreRequest):
+        return request, None, None, False
+    rules = LengthRules(truncate=request.truncate, direction=Direction(request.truncation_direction), field="input")
+    return ScoreRequest(items=request.inputs), rules, request.prompt_name, True
+
+
+def outcomes(model: ScoringModel, requests: list[ScoreRequest] | list[ScoreRequest | EmbeddingRequest],
+             multi_item: bool = False, delimiter: int | None = None,
+             max_batch_tokens: int = 1 << 20) -> list[Rows | BadRequest]:
     """Every request planned like the server plans it (multi-item for decoders when `multi_item`, or as the request
-    asks), the units of all that plan in one executor batch: each request's score rows, or the 400 it got."""
+    asks), the units of all that plan in one executor batch: each request's score rows (an embedding request's
+    vectors), or the 400 it got."""
     loop = asyncio.new_event_loop()
     try:
         jobs: list[ScoreJob | BadRequest] = []
         units = []
-        for request in requests:
+        for original in requests:
+            request, rules, prompt_name, embed = _as_score(original)
             mis = request.multi_item_scoring if request.multi_item_scoring is not None else multi_item
             try:
-                tokens = tokenize(model, request)
-                per_item = label_lists(model, request, len(tokens.items))  # refused as the server refuses
+                per_item = label_lists(model, request, len(request.item_list))  # refused as the server refuses
+                tokens = tokenize(model, request, rules, prompt_name, query_row=not embed)
                 labels = None if per_item is None else [per_item[item] for item in tokens.rows_of]
                 job = ScoreJob(num_items=len(tokens.items), apply_softmax=request.apply_softmax,
                                temperature=request.temperature, labels=labels,
-                               want_pooled=False, prompt_tokens=0, multi_item=False, future=loop.create_future(),
-                               loop=loop)
-                job_plan = plan(model, request, tokens, job, mis and model.is_decoder, max_batch_tokens, delimiter)
+                               want_pooled=embed, prompt_tokens=0, multi_item=False, future=loop.create_future(),
+                               loop=loop, embed=embed)
+                job_plan = plan(model, request, tokens, job, mis and model.is_decoder, max_batch_tokens, delimiter,
+                                query_row=not embed)
             except BadRequest as refused:
                 jobs.append(refused)
                 continue
@@ -64,7 +84,7 @@ def outcomes(model: ScoringModel, requests: list[ScoreRequest], multi_item: bool
             results.append(job)
         else:
             assert job.remaining == 0
-            results.append([list(row or []) for row in job.scores])
+            results.append([list(row or []) for row in (job.pooled if job.embed else job.scores)])
     return results
 
 

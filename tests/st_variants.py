@@ -49,6 +49,12 @@ class Variant:
     legacy_transformer: bool = False
     lowercase: bool = False  # do_lower_case (6.x saves it inside the tokenizer's normalizer)
     architecture: str | None = None  # overwrite config.architectures (Qwen3-Embedding: Qwen3ForCausalLM)
+    # Keep the base's whole *ForCausalLM weights (`model.` prefix, an untied lm_head), as checkpoints converted from
+    # the causal LM ship them; sentence-transformers itself saves the base model's only.
+    causal_weights: bool = False
+    # max_position_embeddings of the tiny model (its tokenizer's model_max_length follows, as real checkpoints
+    # declare it), so that texts reach the maximum; None: the tiny model's own (512 encoders, 2048 decoders).
+    positions: int | None = None
 
 
 _PROMPTS = {"query": QUERY_PROMPT, "document": DOCUMENT_PROMPT, "classification": "classify this: "}
@@ -73,7 +79,17 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("qwen3-embedding-default-prompt", TinyModel.QWEN3_EMBED, pooling="lasttoken", normalize=True,
             prompts={"query": QWEN3_QUERY_PROMPT, "document": ""}, default_prompt_name="query",
             architecture="Qwen3ForCausalLM", max_seq_length=48, similarity="manhattan"),
+    Variant("qwen3-embedding-causal-weights", TinyModel.QWEN3_CAUSAL_EMBED, pooling="lasttoken", normalize=True,
+            prompts={"query": QWEN3_QUERY_PROMPT, "document": ""}, default_prompt_name="query", include_prompt=False,
+            causal_weights=True, max_seq_length=96),
+    Variant("bert-no-max-length-legacy", TinyModel.BERT_EMBED, pooling="cls", legacy_transformer=True,
+            legacy_pooling=True, positions=64, prompts={"query": QUERY_PROMPT}),
 )}
+
+
+def _position_offset(base: TinyModel) -> int:
+    """RoBERTa's positions start after padding_idx (1): two fewer tokens than max_position_embeddings."""
+    return 2 if tiny_models.SPECS[base].family in ("xlmr", "roberta") else 0
 
 
 def _save(variant: Variant, base: Path, out: Path) -> None:
@@ -82,6 +98,11 @@ def _save(variant: Variant, base: Path, out: Path) -> None:
     from sentence_transformers.sentence_transformer.modules import Pooling
 
     transformer = Transformer(str(base), max_seq_length=variant.max_seq_length, do_lower_case=variant.lowercase)
+    tokenizer_max = json.loads((base / "tokenizer_config.json").read_text())["model_max_length"]
+    if variant.positions is not None:
+        tokenizer_max = variant.positions - _position_offset(variant.base)
+        if variant.max_seq_length is None:
+            transformer.tokenizer.model_max_length = tokenizer_max
     modules = [transformer, Pooling(transformer.get_embedding_dimension(), pooling_mode=variant.pooling,
                                     include_prompt=variant.include_prompt)]
     if variant.normalize:
@@ -93,8 +114,7 @@ def _save(variant: Variant, base: Path, out: Path) -> None:
     transformer_config = json.loads((out / "sentence_bert_config.json").read_text())
     if variant.legacy_transformer:
         transformer_config = {"max_seq_length": variant.max_seq_length, "do_lower_case": variant.lowercase}
-        original = json.loads((base / "tokenizer_config.json").read_text())["model_max_length"]
-        _edit(out / "tokenizer_config.json", model_max_length=original)
+        _edit(out / "tokenizer_config.json", model_max_length=tokenizer_max)
         shutil.copy(base / "tokenizer.json", out / "tokenizer.json")  # without the Lowercase normalizer 6.x adds
     else:  # 6.2 also offers a chat-template "message" modality for tokenizers with a chat template: text only here
         transformer_config["modality_config"].pop("message", None)
@@ -107,6 +127,8 @@ def _save(variant: Variant, base: Path, out: Path) -> None:
         (out / "1_Pooling" / "config.json").write_text(json.dumps(legacy, indent=2))
     if variant.architecture is not None:
         _edit(out / "config.json", architectures=[variant.architecture])
+    if variant.causal_weights:
+        shutil.copy(base / "model.safetensors", out / "model.safetensors")
 
 
 def _edit(path: Path, **changes: object) -> None:
@@ -118,7 +140,11 @@ def build(variant: Variant, out_dir: Path) -> Path:
     target = Path(out_dir) / variant.name
     if (target / "modules.json").is_file():
         return target
-    base = tiny_models.build(variant.base, Path(out_dir) / "tiny")
+    edits: dict[str, object] = {"max_position_embeddings": variant.positions} if variant.positions else {}
+    if variant.causal_weights:  # an lm_head of its own, which the embedding model must leave out
+        edits["tie_word_embeddings"] = False
+    label = "-".join(f"{key}{value}" for key, value in edits.items()).replace("_", "") or None
+    base = tiny_models.build(variant.base, Path(out_dir) / "tiny", label, edits or None)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{variant.name}-", dir=target.parent))
     try:

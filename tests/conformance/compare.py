@@ -3,14 +3,24 @@ refused with a 400 exactly when the reference says the request cannot be scored.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from conformance.expected import Outcome, Refused
 from hypothesis import event
 from hypothesis.control import currently_in_test_context
 
 RTOL, ATOL = 1e-4, 1e-5
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The reference's verdict that a request cannot be served: it must get a 400."""
+
+    why: str
+
+
+Outcome = list[list[float]] | Refused  # score rows (or vectors), or refused
 
 
 def check(body: dict[str, Any], served: list[list[float]] | None, refusal: str | None, want: Outcome) -> None:

@@ -1,26 +1,21 @@
 """What a /v1/score body must return, computed without the engine: the sequences by the documented rules
 (docs/api.md "How the model input is built", "Long inputs") with the tokenizer's own `tokenizers` objects, scored by
-plain transformers one sequence per forward, or by sentence-transformers for text sent to an embedding model.
+plain transformers one sequence per forward (class probabilities by transformers' text-classification pipeline), or
+by sentence-transformers for an embedding model (expected_sentence.py).
 
 Returns the score rows, or a `Refused` (the body must get a 400)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import reference
 import torch
+from conformance import expected_sentence
+from conformance.compare import Outcome, Refused
 from conformance.subjects import Subject
 from tokenizers import Encoding
 
-
-@dataclass(frozen=True)
-class Refused:
-    why: str
-
-
-Outcome = list[list[float]] | Refused
 Sequence = tuple[list[int], list[int] | None]  # ids, token types
 
 
@@ -61,8 +56,6 @@ def _token_ids(subject: Subject, body: dict[str, Any]) -> list[Sequence]:
     query, items, direction = body["query"], body["items"], body.get("truncation_direction", "right")
     limit = subject.max_positions
     query = _cut(query, _query_keep(body, len(query), 0, limit), direction)
-    if subject.kind == "embedding":
-        return [(query, None)] + [(_cut(item, _item_keep(body, len(item), limit), direction), None) for item in items]
     out: list[Sequence] = []
     for item in items:
         item = _cut(item, _item_keep(body, len(item), limit - len(query)), direction)
@@ -85,14 +78,11 @@ def _text(subject: Subject, body: dict[str, Any]) -> list[Sequence]:
     query_encoding = backend.encode(query, add_special_tokens=False)
     query_encoding = _cut_encoding(query_encoding, _query_keep(body, len(query_encoding.ids), overhead, limit),
                                    direction)
-    room = limit - overhead - (0 if subject.kind == "embedding" else len(query_encoding.ids))
-    out: list[Sequence] = [(special(query_encoding).ids, None)] if subject.kind == "embedding" else []
+    room = limit - overhead - len(query_encoding.ids)
+    out: list[Sequence] = []
     for item in items:
         encoding = backend.encode(item, add_special_tokens=False)
         encoding = _cut_encoding(encoding, _item_keep(body, len(encoding.ids), room), direction)
-        if subject.kind == "embedding":
-            out.append((special(encoding).ids, None))
-            continue
         first, second = (encoding, query_encoding) if body.get("item_first") else (query_encoding, encoding)
         if pair:
             joined = special(first, second)
@@ -116,20 +106,21 @@ def _token_types(subject: Subject) -> bool:
     return subject.variant.cross_encoder and getattr(subject.hf.config, "type_vocab_size", 0) > 1
 
 
-def _embedding_rows(subject: Subject, body: dict[str, Any], sequences: list[list[int]]) -> list[list[float]]:
-    plain_text = isinstance(body["query"], str) and body.get("truncation_direction", "right") == "right" \
-        and body.get("max_tokens_per_item") is None
-    if plain_text:  # sentence-transformers encodes (and right-truncates) text as the server must
-        vectors = [subject.sentence_transformer.encode(text, convert_to_tensor=True)
-                   for text in [body["query"], *body["items"]]]
-    else:
-        pooling = reference.sentence_pooling(subject.path)
-        vectors = [torch.tensor(reference.embedding_pooled(subject.hf, ids, pooling)) for ids in sequences]
-    query = vectors[0].double()
-    return [[torch.nn.functional.cosine_similarity(query, v.double(), dim=0).item()] for v in vectors[1:]]
+def _probabilities(subject: Subject, logits: list[float], temperature: float) -> list[float]:
+    """transformers' text-classification pipeline on logits / temperature: softmax over classes, or a sigmoid per
+    class for a single logit and for multi_label_classification; in the model's label order."""
+    pipeline = subject.pipeline
+    scores = pipeline.postprocess({"logits": torch.tensor([logits]) / temperature}, top_k=None)
+    by_label = {score["label"]: score["score"] for score in scores}
+    return [by_label[pipeline.model.config.id2label[i]] for i in range(len(logits))]
 
 
 def expected(subject: Subject, body: dict[str, Any]) -> Outcome:
+    """A /v1/score body's rows, or a /v1/embeddings body's vectors (it has `input`)."""
+    if "input" in body:
+        return expected_sentence.embeddings(subject, body)
+    if subject.kind == "embedding":
+        return expected_sentence.similarity_rows(subject, body)
     try:
         if isinstance(body["query"], list):
             sequences = _token_ids(subject, body)
@@ -141,12 +132,11 @@ def expected(subject: Subject, body: dict[str, Any]) -> Outcome:
         return Refused(f"too long: {error}")
     if any(not ids for ids, _ in sequences):
         return Refused("empty sequence")
-    if subject.kind == "embedding":
-        return _embedding_rows(subject, body, [ids for ids, _ in sequences])
     softmax, temperature = body.get("apply_softmax", False), body.get("temperature", 1.0)
     if subject.kind == "causal_lm":
         labels = body.get("label_token_ids") or subject.engine.default_labels
         if softmax and len(labels) == 1:  # every item would score 1.0: docs/api.md says this is refused
             return Refused("a single label token under apply_softmax")
         return [reference.causal_lm_scores(subject.hf, ids, labels, softmax, temperature) for ids, _ in sequences]
-    return [reference.classifier_scores(subject.hf, ids, types, softmax, temperature) for ids, types in sequences]
+    logits = [reference.classifier_scores(subject.hf, ids, types, False) for ids, types in sequences]
+    return [_probabilities(subject, row, temperature) for row in logits] if softmax else logits

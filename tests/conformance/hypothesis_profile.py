@@ -1,5 +1,5 @@
 """The conformance suite's hypothesis settings: a small, fixed-seed example budget in CI, a longer random search
-with SCOREKEEPER_CONFORMANCE=long (docs/operations.md, "Conformance suite")."""
+with SCOREKEEPER_CONFORMANCE=long (docs/architecture.md, "Correctness tests")."""
 
 from __future__ import annotations
 

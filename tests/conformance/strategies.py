@@ -1,9 +1,10 @@
-"""hypothesis strategies: /v1/score bodies for one variant, and batches of them (co-tenants of one packed batch).
+"""hypothesis strategies: request bodies for one variant (/v1/score; /v1/embeddings for embedding models, with a
+`prompt_name` among the model's prompts or not; /v1/rerank), and batches of them (co-tenants of one packed batch).
 
 Text is drawn from the tokenizers' corpus words with every special token of the tokenizer mixed in (pad, EOS, BOS,
-SEP, CLS, ChatML, added tokens), joined with or without spaces (so the tokenizer merges across words); token ids
-from the whole vocabulary. Lengths run up to and past the model's maximum, so windows are crossed, RoPE thresholds
-passed, and truncation (or a 400) is due."""
+SEP, CLS, ChatML, added tokens), joined with or without spaces (so the tokenizer merges across words), or a few of
+them repeated (long texts for little data); token ids from the whole vocabulary. Lengths run up to and past the
+model's maximum, so windows are crossed, RoPE thresholds passed, and truncation (or a 400) is due."""
 
 from __future__ import annotations
 
@@ -16,7 +17,10 @@ from hypothesis import strategies as st
 def _text(subject: Subject, max_words: int) -> st.SearchStrategy[str]:
     pieces = st.one_of(st.sampled_from(subject.words), st.sampled_from(subject.specials))
     separator = st.sampled_from([" ", " ", ""])
-    return st.tuples(st.lists(pieces, max_size=max_words), separator).map(lambda drawn: drawn[1].join(drawn[0]))
+    words = st.lists(pieces, max_size=max_words)
+    repeated = st.tuples(st.lists(pieces, min_size=1, max_size=3), st.integers(1, max(1, 2 * max_words))).map(
+        lambda drawn: drawn[0] * drawn[1])
+    return st.tuples(st.one_of(words, words, repeated), separator).map(lambda drawn: drawn[1].join(drawn[0]))
 
 
 def _ids(subject: Subject, max_length: int) -> st.SearchStrategy[list[int]]:
@@ -25,10 +29,11 @@ def _ids(subject: Subject, max_length: int) -> st.SearchStrategy[list[int]]:
 
 
 @st.composite
-def score_body(draw: st.DrawFn, subject: Subject, multi_item: bool = True) -> dict[str, Any]:
-    """One request body; `multi_item`: whether it may ask for multi-item scoring (decoders)."""
+def score_body(draw: st.DrawFn, subject: Subject, multi_item: bool = True, text_only: bool = False) -> dict[str, Any]:
+    """One request body; `multi_item`: whether it may ask for multi-item scoring (decoders); `text_only`: no token
+    ids."""
     limit, variant = subject.max_positions, subject.variant
-    text = subject.template is not None or draw(st.booleans())
+    text = subject.template is not None or text_only or draw(st.booleans())
     count = draw(st.integers(1, 5))
     if text:
         query = draw(_text(subject, subject.room // 3))
@@ -59,9 +64,52 @@ def score_body(draw: st.DrawFn, subject: Subject, multi_item: bool = True) -> di
     return body
 
 
+@st.composite
+def embedding_body(draw: st.DrawFn, subject: Subject) -> dict[str, Any]:
+    """A /v1/embeddings body: texts or token ids, one of the model's prompts (or a name it does not have)."""
+    count = draw(st.integers(1, 4))
+    if draw(st.booleans()):
+        inputs: list[Any] = draw(st.lists(_text(subject, subject.room // 2), min_size=count, max_size=count))
+    else:
+        inputs = draw(st.lists(_ids(subject, subject.max_positions), min_size=count, max_size=count))
+    body: dict[str, Any] = {"input": inputs if count > 1 or draw(st.booleans()) else inputs[0]}
+    if draw(st.booleans()):
+        body["prompt_name"] = draw(st.sampled_from([*sorted(subject.sentence_transformer.prompts), "search"]))
+    if draw(st.booleans()):
+        body["truncate"] = True
+        body["truncation_direction"] = draw(st.sampled_from(["left", "right"]))
+    return body
+
+
+def request_body(subject: Subject) -> st.SearchStrategy[dict[str, Any]]:
+    """A /v1/score body, or for an embedding model also a /v1/embeddings body."""
+    if subject.kind != "embedding":
+        return score_body(subject)
+    return st.one_of(score_body(subject), embedding_body(subject))
+
+
+@st.composite
+def rerank_body(draw: st.DrawFn, subject: Subject) -> dict[str, Any]:
+    """A /v1/rerank body: texts (documents as strings or {"text", "id"} objects), top_n, long documents cut by
+    max_tokens_per_doc and truncate, or refused."""
+    score = draw(score_body(subject, multi_item=False, text_only=True))
+    documents = [text if draw(st.booleans()) else {"text": text, "id": f"doc-{i}"}
+                 for i, text in enumerate(score["items"])]
+    body: dict[str, Any] = {"query": score["query"], "documents": documents}
+    for key, renamed in [("truncate", "truncate"), ("truncation_direction", "truncation_direction"),
+                         ("max_tokens_per_item", "max_tokens_per_doc")]:
+        if key in score:
+            body[renamed] = score[key]
+    if draw(st.booleans()):
+        body["top_n"] = draw(st.integers(1, len(documents) + 1))
+    if draw(st.booleans()):
+        body["return_documents"] = True
+    return body
+
+
 def batches(subject: Subject) -> st.SearchStrategy[list[dict[str, Any]]]:
     """One to four requests scored in one packed batch."""
-    return st.lists(score_body(subject), min_size=1, max_size=4)
+    return st.lists(request_body(subject), min_size=1, max_size=4)
 
 
 def delimiters(subject: Subject) -> st.SearchStrategy[int | None]:

@@ -1,19 +1,20 @@
 """One variant under test: the engine's model, and its independent references, loaded once per session.
 
 The references never share code with the engine: plain transformers forwards (tests/reference.py), the tokenizer's
-own `tokenizers` post-processor for special tokens and pairs, sentence-transformers for embedding models."""
+own `tokenizers` post-processor for special tokens and pairs, sentence-transformers for embedding models (and its
+CrossEncoder for cross-encoders' /v1/rerank), transformers' text-classification pipeline for class probabilities."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
 import reference
 import tiny_tokenizers
-from conformance.variants import Variant
+from conformance.variants import SentenceVariant, Variant
 from scorekeeper_worker.config import DType
 from scorekeeper_worker.model.loader import ScoringModel, load_model
 from scorekeeper_worker.model.prompt_template import PromptTemplate, load_template, resolve_label_tokens
@@ -21,7 +22,7 @@ from scorekeeper_worker.model.prompt_template import PromptTemplate, load_templa
 
 @dataclass
 class Subject:
-    variant: Variant
+    variant: Variant | SentenceVariant
     path: Path
     engine: ScoringModel
     hf: Any  # the transformers model (float32, its own attention)
@@ -38,6 +39,21 @@ class Subject:
     @property
     def kind(self) -> str:
         return self.variant.kind
+
+    @cached_property
+    def cross_encoder(self) -> Any:
+        """sentence-transformers' CrossEncoder on the directory (its activation, wherever the files declare it)."""
+        from sentence_transformers import CrossEncoder
+
+        return CrossEncoder(str(self.path), device="cpu")
+
+    @cached_property
+    def pipeline(self) -> Any:
+        """transformers' text-classification pipeline on the model (softmax, or a sigmoid per class for one logit
+        and for multi_label_classification)."""
+        from transformers import TextClassificationPipeline
+
+        return TextClassificationPipeline(model=self.hf, tokenizer=self.tokenizer, device="cpu")
 
 
 def _max_positions(path: Path, hf: Any) -> int:
@@ -71,9 +87,13 @@ def _subject(variant: Variant, out_dir: Path) -> Subject:
     if variant.kind == "embedding":
         from sentence_transformers import SentenceTransformer
 
-        subject.sentence_transformer = SentenceTransformer(str(path), device="cpu")
+        encoder = SentenceTransformer(str(path), device="cpu")
+        # sentence-transformers caps max_seq_length at max_position_embeddings, which RoBERTa's padding_idx offset
+        # makes two too many: past `limit` it fails (index out of range), the server refuses or cuts at `limit`.
+        encoder.max_seq_length = subject.max_positions = subject.room = min(limit, encoder.max_seq_length)
+        subject.sentence_transformer = encoder
     return subject
 
 
-def subject(variant: Variant, out_dir: Path) -> Subject:
+def subject(variant: Variant | SentenceVariant, out_dir: Path) -> Subject:
     return _subject(variant, out_dir)

@@ -1,17 +1,21 @@
 """The model variants of the conformance suite: every supported architecture and kind, configured the ways real
 checkpoints are (RoPE types, sliding windows, soft-capping, tied or untied embeddings, pad = EOS, no pad token,
-padding_idx positions, token types, ModernBERT's pooling and local window, prompt templates), each small enough that
-requests reach its maximum position.
+padding_idx positions, token types, ModernBERT's pooling and local window, prompt templates, multi-label
+classifiers, the activation a cross-encoder declares wherever sentence-transformers reads it), each small enough that
+requests reach its maximum position; and the sentence-transformers directories of tests/st_variants.py (prompts,
+pooling in both file formats, max_seq_length wherever it is stored, Normalize, truncate_dim, similarity functions,
+do_lower_case, Qwen3ForCausalLM embeddings over base-model and full causal-LM weights).
 
 A variant is a tiny model of tests/tiny_models.py rebuilt with config edits (weights of the edited shapes, same
-seed); `build` writes it once per directory."""
+seed), re-saved by sentence-transformers' CrossEncoder for a 6.x activation; `build` writes it once per directory."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import st_variants
 import tiny_models
 from tiny_models import SPECS, TinyModel
 
@@ -35,6 +39,13 @@ SLIDING_LAYERS = {"use_sliding_window": True, "sliding_window": WINDOW, "max_win
                   "layer_types": ["full_attention", "sliding_attention"]}
 
 
+def _positions(base: TinyModel) -> int:
+    """max_position_embeddings of a variant: requests reach it (RoBERTa's positions start after padding_idx)."""
+    if not SPECS[base].encoder:
+        return DECODER_MAX
+    return ENCODER_MAX + (2 if SPECS[base].family in ("xlmr", "roberta") else 0)
+
+
 @dataclass(frozen=True)
 class Variant:
     base: TinyModel
@@ -42,6 +53,7 @@ class Variant:
     edits: dict[str, Any] = field(default_factory=dict, hash=False)
     template: str | None = None  # --prompt-template (decoders)
     positions: int | None = None  # max_position_embeddings, when the default of its kind is too short
+    activation: str | None = None  # a torch.nn activation, saved by CrossEncoder 6.x (config_sentence_transformers)
 
     @property
     def name(self) -> str:
@@ -60,9 +72,41 @@ class Variant:
         return SPECS[self.base].encoder and self.kind == "classifier"
 
     def build(self, out_dir: Path) -> Path:
-        positions = self.positions or (ENCODER_MAX + (2 if SPECS[self.base].family in ("xlmr", "roberta") else 0)
-                                       if SPECS[self.base].encoder else DECODER_MAX)
-        return tiny_models.build(self.base, out_dir, self.label, {"max_position_embeddings": positions} | self.edits)
+        positions = self.positions or _positions(self.base)
+        path = tiny_models.build(self.base, out_dir, self.label, {"max_position_embeddings": positions} | self.edits)
+        if self.activation is not None and not (path / "modules.json").is_file():
+            import torch
+            from sentence_transformers import CrossEncoder
+
+            CrossEncoder(str(path), device="cpu", activation_fn=getattr(torch.nn, self.activation)()).save(str(path))
+        return path
+
+
+@dataclass(frozen=True)
+class SentenceVariant:
+    """A directory written by sentence-transformers 6.2 itself (tests/st_variants.py): an embedding model."""
+
+    st: st_variants.Variant = field(hash=False)  # (unhashable: its prompts)
+    template: None = None
+    kind = "embedding"
+    decoder = False
+    cross_encoder = False
+
+    @property
+    def name(self) -> str:
+        return self.st.name
+
+    def build(self, out_dir: Path) -> Path:
+        return st_variants.build(self.st, out_dir)
+
+
+def _sentence(name: str) -> SentenceVariant:
+    """A variant of tests/st_variants.py; those without a small max_seq_length get a tiny model with few positions
+    (the maximum then comes from the tokenizer or max_position_embeddings), so that texts reach it."""
+    variant = st_variants.VARIANTS[name]
+    if variant.max_seq_length is None and variant.positions is None:
+        variant = replace(variant, positions=_positions(variant.base))
+    return SentenceVariant(variant)
 
 
 def _rope(base: TinyModel, rope: str, **edits: Any) -> Variant:
@@ -108,4 +152,14 @@ VARIANTS: list[Variant] = [
     Variant(T.MODERNBERT_CROSS_MEAN, "plain"),
     Variant(T.MODERNBERT_EMBED, "plain"),
     Variant(T.DEBERTA_CROSS, "plain"),
+    # The activation a cross-encoder declares (/v1/rerank): CrossEncoder 6.x's file, config.json's
+    # sentence_transformers (4.x, 5.x), the legacy key; and multi-label classifiers (a sigmoid per class).
+    Variant(T.BERT_CROSS, "identity-st6", activation="Identity"),
+    Variant(T.ELECTRA_CROSS, "tanh-st6", activation="Tanh"),
+    Variant(T.BERT_CROSS, "identity-st5", {"sentence_transformers": {
+        "activation_fn": "torch.nn.modules.linear.Identity", "version": "5.1.0"}}),
+    Variant(T.XLMR_CROSS, "tanh-legacy", {"sbert_ce_default_activation_function": "torch.nn.modules.activation.Tanh"}),
+    Variant(T.ROBERTA_CROSS, "multilabel", {"problem_type": "multi_label_classification"}),
+    Variant(T.QWEN3_CLS3, "multilabel", {"problem_type": "multi_label_classification"}),
 ]
+SENTENCE_VARIANTS: list[SentenceVariant] = [_sentence(name) for name in st_variants.VARIANTS]

@@ -23,7 +23,7 @@ MODEL_DEPENDENT = re.compile("|".join([
     r"not supported for causal LM models",
     r"/v1/rerank on a causal LM needs label tokens",  # the server was started without --label-tokens
     r"dimensions: this model's embeddings have \d+ dimensions",
-    r"the query leaves no room for a window",  # its maximum sequence length, again
+    r"the (query|model's prompt) leaves no room for a window",  # its maximum sequence length (and prompt), again
     r"^instruct: this server has no prompt template|^instruct: the prompt template .* has no \{instruct\}",
     r"^item_first: this server's prompt template",
     r"images are not supported: the served model reads text only",  # a text model (OpenAI's schema has images)

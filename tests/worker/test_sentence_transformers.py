@@ -206,3 +206,52 @@ def test_an_embedding_pipeline_around_a_class_without_an_embedding_row_is_refuse
         (shutil.copytree if source.is_dir() else shutil.copy)(source, path / name)
     with pytest.raises(UnsupportedModel, match="Qwen2ForCausalLM with a sentence-transformers embedding pipeline"):
         load_model(path, DType.FLOAT32, "cpu", "t")
+
+
+@pytest.mark.parametrize("direction", ["right", "left"])
+def test_max_tokens_per_item_cuts_the_text_never_the_prompt(variant: Callable[[str], Path], direction: str) -> None:
+    """docs/api.md "Long inputs": under an embedding model's prompt, `max_tokens_per_item` counts and cuts only the
+    text's own tokens; the prompt's tokens stay whole, in front, whichever end is cut."""
+    from scorekeeper_worker.contract.schemas import ScoreRequest
+    from scorekeeper_worker.planning.planner import tokenize
+
+    path = variant("bert-default-prompt")
+    model = load_model(path, DType.FLOAT32, "cpu", "t")
+    tokenizer = _encoder(path).tokenizer
+    prompt = tokenizer(VARIANTS["bert-default-prompt"].prompts["query"], add_special_tokens=False)["input_ids"]
+    text = tokenizer(LONG, add_special_tokens=False)["input_ids"]
+    cls, sep = tokenizer("")["input_ids"]  # BERT: [CLS] text [SEP]
+    assert len(prompt) > 1 and len(text) > 10
+    kept = text[:5] if direction == "right" else text[-5:]
+    request = ScoreRequest(query="q", items=[LONG, "dog"], max_tokens_per_item=5, truncation_direction=direction)
+    items = tokenize(model, request).items
+    assert items == [[cls, *prompt, *kept, sep],
+                     tokenizer(VARIANTS["bert-default-prompt"].prompts["query"] + "dog")["input_ids"]]
+
+
+@pytest.mark.parametrize("direction", ["right", "left"])
+def test_every_window_of_a_chunked_document_begins_with_the_prompt(variant: Callable[[str], Path],
+                                                                  direction: str) -> None:
+    """/v1/rerank's `long_document_strategy: "chunk"` on an embedding model: every window is embedded as a text of
+    its own, after the model's prompt (which its pooling leaves out here, include_prompt false), and the windows'
+    texts are consecutive pieces of the document's tokens."""
+    from scorekeeper_worker.contract.schemas import ScoreRequest
+    from scorekeeper_worker.planning.encoding import Direction, LengthRules
+    from scorekeeper_worker.planning.planner import tokenize
+
+    path = variant("bert-prompt-excluded")
+    model = load_model(path, DType.FLOAT32, "cpu", "t")
+    tokenizer = _encoder(path).tokenizer
+    prompt_text = VARIANTS["bert-prompt-excluded"].prompts["classification"]
+    prompt = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+    document = LONG * 8
+    text = tokenizer(document, add_special_tokens=False)["input_ids"]
+    cls, sep = tokenizer("")["input_ids"]
+    assert len(text) > model.max_positions
+    rules = LengthRules(chunk=True, direction=Direction(direction), field="documents")
+    tokens = tokenize(model, ScoreRequest(query="q", items=[document]), rules)
+    windows = tokens.items
+    assert len(windows) > 1 and all(len(window) <= model.max_positions for window in windows)
+    assert all(window[:len(prompt) + 1] == [cls, *prompt] and window[-1] == sep for window in windows)
+    assert [token for window in windows for token in window[len(prompt) + 1:-1]] == text
+    assert tokens.pool_from == len(prompt) + 1  # [CLS] and the prompt, in every window

@@ -122,7 +122,8 @@ class ScoreRequest(BaseModel):
     truncate: bool = Field(False, description=TRUNCATE_HELP)
     truncation_direction: TruncationDirection = Field("right", description="which end of an item is cut")
     max_tokens_per_item: Count | None = Field(
-        None, description="cut every item to this many tokens (before special tokens and the prompt template)")
+        None, description="cut every item to this many of its own tokens (before special tokens and the prompt "
+                          "template; an embedding model's prompt is not counted or cut)")
 
     @model_validator(mode="before")
     @classmethod

@@ -68,7 +68,8 @@ class RerankRequest(BaseModel):
     truncate: bool = Field(False, description=TRUNCATE_HELP)
     truncation_direction: TruncationDirection = Field("right", description="which end of a document is cut")
     max_tokens_per_doc: Count | None = Field(
-        None, description="cut every document to this many tokens (before special tokens and the prompt template)")
+        None, description="cut every document to this many of its own tokens (before special tokens and the prompt "
+                          "template; an embedding model's prompt is not counted or cut)")
     long_document_strategy: Literal["truncate", "chunk"] = Field(
         "truncate", description="chunk: a document over the limit is scored in consecutive windows that fit beside "
                                 "the query; its relevance is the best window's")

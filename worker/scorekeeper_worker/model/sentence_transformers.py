@@ -77,6 +77,7 @@ _ACTIVATIONS = {"torch.nn.Sigmoid": Activation.SIGMOID, "torch.nn.modules.activa
 class Prompt:
     text: str
     tokens: int  # sentence-transformers' prompt_length: the prompt alone with specials, less a trailing special
+    plain: int  # the prompt alone without specials: the leading tokens of a text max_tokens_per_item leaves alone
 
 
 @dataclass(frozen=True)
@@ -245,7 +246,8 @@ def _prompts(pipeline: Mapping[str, Any], tokenizer: Any, max_seq_length: int, k
     for name, text in texts.items():
         ids = list(tokenizer(text, truncation=True, max_length=max_seq_length)["input_ids"]) if text else []
         trailing_special = bool(ids) and ids[-1] in set(tokenizer.all_special_ids)
-        prompts[name] = Prompt(text, len(ids) - trailing_special)
+        plain = len(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else 0
+        prompts[name] = Prompt(text, len(ids) - trailing_special, plain)
     return prompts, default
 
 

@@ -16,7 +16,7 @@ from enum import StrEnum
 from scorekeeper_worker.contract.errors import BadRequest
 from scorekeeper_worker.model.loader import ModelKind, ScoringModel
 from scorekeeper_worker.model.special_tokens import BARE_PAIR, PairLayout
-from scorekeeper_worker.planning.bounded_tokens import bounded_ids
+from scorekeeper_worker.planning.bounded_tokens import Clipped, bounded_ids
 
 
 class Direction(StrEnum):
@@ -84,17 +84,23 @@ def fit_query(query: list[int], overhead: int, limit: int, rules: LengthRules, c
 
 
 def fit_item(ids: list[int], room: int, limit: int, rules: LengthRules, where: str,
-             clipped: bool = False) -> list[list[int]]:
-    """One item's tokens as the rows to score: itself, cut, or its windows; `room` is what fits beside the rest."""
+             clipped: bool = False, keep_first: int = 0) -> list[list[int]]:
+    """One item's tokens as the rows to score: itself, cut, or its windows; `room` is what fits beside the rest.
+    `keep_first`: leading tokens (an embedding model's prompt) that `max_item_tokens` does not count or cut, and that
+    begin every window."""
+    head, text = ids[:keep_first], ids[keep_first:]
     if rules.max_item_tokens is not None:
-        ids = cut(ids, rules.max_item_tokens, rules.direction)
+        text = cut(text, rules.max_item_tokens, rules.direction)
+    ids = head + text
     if len(ids) <= room:
         return [ids]
     if rules.chunk:
-        if room < 1:
-            raise BadRequest(f"{where}: the query leaves no room for a window of it within the model's maximum of "
-                             f"{limit} tokens")
-        return [ids[a:b] for a, b in window_bounds(len(ids), room, rules.max_chunks, rules.direction)]
+        width = room - len(head)
+        if width < 1:
+            what = "the model's prompt leaves" if head else "the query leaves"
+            raise BadRequest(f"{where}: {what} no room for a window of it within the model's maximum of {limit} "
+                             "tokens")
+        return [head + text[a:b] for a, b in window_bounds(len(text), width, rules.max_chunks, rules.direction)]
     if rules.truncate:
         return [cut(ids, room, rules.direction)]
     raise too_long(where, len(ids) + limit - room - clipped, limit, TRUNCATE_HINT, clipped)
@@ -117,30 +123,54 @@ class Inputs:
     verbatim: bool  # token-id inputs: no special tokens are added
     item_first: bool = False
     clipped: frozenset[int] = frozenset()  # texts tokenized only up to their bound: -1 the query, else item indices
+    keep_first: int = 0  # leading tokens of every item, max_item_tokens leaves alone, in every window (a prompt's)
 
 
-def _needs(limit: int, rules: LengthRules) -> tuple[int, int]:
+def _needs(limit: int, rules: LengthRules, keep_first: int) -> tuple[int, int]:
     """Tokens of the query and of an item that a request can ever use, plus one to tell that a text is longer: the
-    model's maximum (per window when chunking), or `max_item_tokens`."""
+    model's maximum (per window when chunking), or `max_item_tokens` if fewer; with either of those, the item's
+    first `keep_first` on top (never cut, and in every window), so that a left cut's tail holds `keep_first` more
+    tokens than it keeps (the prompt can fill most of the maximum: its tokens do not count against the text's)."""
     item = limit * (rules.max_chunks if rules.chunk else 1)
     if rules.max_item_tokens is not None:
         item = min(item, rules.max_item_tokens)
-    return limit + 1, item + 1
+    return limit + 1, item + (keep_first if _heads_apart(rules) else 0) + 1
+
+
+def _heads_apart(rules: LengthRules) -> bool:
+    """Whether an item's leading `keep_first` tokens are kept apart from the rest: they are when max_item_tokens
+    cuts the rest, or chunking windows it."""
+    return rules.max_item_tokens is not None or rules.chunk
+
+
+def _with_heads(model: ScoringModel, texts: list[str], tails: list[Clipped], keep_first: int) -> list[Clipped]:
+    """Texts clipped to their last tokens (a left cut) whose first `keep_first` tokens must stay: those, then the
+    tail beyond them (the tail holds `keep_first` more tokens than needed, so the two never overlap)."""
+    clipped = [i for i, tail in enumerate(tails) if tail.clipped]
+    heads = bounded_ids(model.tokenizer, [texts[i] for i in clipped], [keep_first] * len(clipped), from_end=False)
+    out = list(tails)
+    for i, head in zip(clipped, heads, strict=True):
+        out[i] = Clipped(head.ids + tails[i].ids[keep_first:], True)
+    return out
 
 
 def plain_tokens(model: ScoringModel, query: str | list[int], items: list[str] | list[list[int]],
-                 rules: LengthRules) -> Inputs:
+                 rules: LengthRules, keep_first: int = 0) -> Inputs:
+    """`keep_first`: the items' leading tokens that max_item_tokens does not count (their embedding prompt's)."""
     if isinstance(query, list):  # token ids are used verbatim
         token_items = [list(item) for item in items]  # type: ignore[arg-type]
         _vocab_check(model, [query], "query")
         _vocab_check(model, token_items, rules.field)
         return Inputs(list(query), token_items, verbatim=True)
     texts: list[str] = [query, *items]  # type: ignore[list-item]
-    query_need, item_need = _needs(model.max_positions, rules)
-    encoded = bounded_ids(model.tokenizer, texts, [query_need] + [item_need] * len(items),
-                          from_end=rules.direction == Direction.LEFT)
+    query_need, item_need = _needs(model.max_positions, rules, keep_first)
+    from_end = rules.direction == Direction.LEFT
+    encoded = bounded_ids(model.tokenizer, texts, [query_need] + [item_need] * len(items), from_end=from_end)
+    if from_end and keep_first and _heads_apart(rules):
+        encoded[1:] = _with_heads(model, texts[1:], encoded[1:], keep_first)
     clipped = frozenset(i - 1 for i, tokens in enumerate(encoded) if tokens.clipped)
-    return Inputs(encoded[0].ids, [tokens.ids for tokens in encoded[1:]], verbatim=False, clipped=clipped)
+    return Inputs(encoded[0].ids, [tokens.ids for tokens in encoded[1:]], verbatim=False, clipped=clipped,
+                  keep_first=keep_first)
 
 
 def encode(model: ScoringModel, inputs: Inputs, rules: LengthRules) -> Tokenized:
@@ -152,7 +182,8 @@ def encode(model: ScoringModel, inputs: Inputs, rules: LengthRules) -> Tokenized
     rows_of: list[int] = []
 
     def add(index: int, room: int) -> None:
-        for window in fit_item(inputs.items[index], room, limit, rules, f"{where}[{index}]", index in inputs.clipped):
+        for window in fit_item(inputs.items[index], room, limit, rules, f"{where}[{index}]", index in inputs.clipped,
+                               inputs.keep_first):
             rows.append(window)
             rows_of.append(index)
 

@@ -74,7 +74,8 @@ def tokenize(model: ScoringModel, request: ScoreRequest, rules: LengthRules | No
     if prompt is not None:  # the query only when it is embedded (a prompt alone could be over the maximum)
         query = prompt.text + query if query_row else query  # type: ignore[operator]
         items = [prompt.text + item for item in items]  # type: ignore[operator]
-    inputs = plain_tokens(model, query, items, rules)  # type: ignore[arg-type]
+    keep_first = prompt.plain if prompt is not None else 0  # max_tokens_per_item cuts the text, not its prompt
+    inputs = plain_tokens(model, query, items, rules, keep_first)  # type: ignore[arg-type]
     inputs.item_first = request.item_first
     tokens = encode(model, inputs, rules)
     if prompt is not None and not model.sentence_config.include_prompt:
