@@ -14,6 +14,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import reference
 import tiny_models
 from serving import RunningServer
+from transformers_loads import serialize_loads
+
+serialize_loads()  # before any test loads a model (tests/transformers_loads.py)
 
 
 @pytest.fixture(scope="session")

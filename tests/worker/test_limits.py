@@ -92,8 +92,8 @@ def test_cross_encoder_pairs_are_refused_before_they_are_built(
     tokenized: list[int] = []
     plain = planning.plain_tokens
     monkeypatch.setattr(PairLayout, "join", lambda *args: joined.append(args))
-    monkeypatch.setattr(planning, "plain_tokens", lambda model, query, items, field: tokenized.append(len(items))
-                        or plain(model, query, items, field))
+    monkeypatch.setattr(planning, "plain_tokens", lambda model, query, items, *rest: tokenized.append(len(items))
+                        or plain(model, query, items, *rest))
     for query in (" ".join(["a"] * 200), [100] * 200):
         items: Any = ["an item"] * 64 if isinstance(query, str) else [[101]] * 64
         response = server.score(query=query, items=items)
