@@ -23,15 +23,23 @@ class Refused:
 Outcome = list[list[float]] | Refused  # score rows (or vectors), or refused
 
 
+def served_as_expected(body: dict[str, Any], refusal: str | None, want: object, verb: str) -> bool:
+    """The refusal rule shared by every check: a 400 exactly when the reference refuses. True when there is a result
+    left to compare (`verb`: what the server does with the request, for the statistics and messages)."""
+    if currently_in_test_context():  # counted by --hypothesis-show-statistics
+        event("refused" if isinstance(want, Refused) else verb)
+    if isinstance(want, Refused):
+        assert refusal is not None, f"{verb} a request that must be refused ({want.why}): {body}"
+        return False
+    assert refusal is None, f"refused a request the reference does not refuse ({refusal}): {body}"
+    return True
+
+
 def check(body: dict[str, Any], served: list[list[float]] | None, refusal: str | None, want: Outcome) -> None:
     """`served`: the score rows of a 200; `refusal`: the message of a 400 (one of them is None)."""
-    if currently_in_test_context():  # counted by --hypothesis-show-statistics
-        event("refused" if isinstance(want, Refused) else "scored")
-    if isinstance(want, Refused):
-        assert refusal is not None, f"scored a request that must be refused ({want.why}): {body}"
+    if not served_as_expected(body, refusal, want, "scored"):
         return
-    assert refusal is None, f"refused a request the reference scores ({refusal}): {body}"
-    assert served is not None
+    assert served is not None and not isinstance(want, Refused)
     assert [len(row) for row in served] == [len(row) for row in want], body
     np.testing.assert_allclose(np.array(served, dtype=float), np.array(want, dtype=float), rtol=RTOL, atol=ATOL,
                                err_msg=str(body))

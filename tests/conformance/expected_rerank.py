@@ -13,11 +13,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from conformance.compare import ATOL, RTOL, Refused
+from conformance.compare import ATOL, RTOL, Refused, served_as_expected
 from conformance.expected import expected
 from conformance.subjects import Subject
-from hypothesis import event
-from hypothesis.control import currently_in_test_context
 
 
 def _single_logit(subject: Subject) -> bool:
@@ -46,13 +44,9 @@ def relevance(subject: Subject, body: dict[str, Any]) -> list[float] | Refused:
 def check_ranking(body: dict[str, Any], served: dict[str, Any] | None, refusal: str | None,
                   want: list[float] | Refused) -> None:
     """`served`: the body of a 200; `refusal`: the message of a 400 (one of them is None)."""
-    if currently_in_test_context():  # counted by --hypothesis-show-statistics
-        event("refused" if isinstance(want, Refused) else "ranked")
-    if isinstance(want, Refused):
-        assert refusal is not None, f"ranked a request that must be refused ({want.why}): {body}"
+    if not served_as_expected(body, refusal, want, "ranked"):
         return
-    assert refusal is None, f"refused a request the reference ranks ({refusal}): {body}"
-    assert served is not None
+    assert served is not None and not isinstance(want, Refused)
     results = served["results"]
     kept = [result["index"] for result in results]
     assert len(kept) == min(body.get("top_n") or len(want), len(want)) == len(set(kept)), (kept, body)
