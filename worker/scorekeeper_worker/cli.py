@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--api-key-file", "file of API keys, one per line (re-read when it changes): /v1/* then need "
         "Authorization: Bearer KEY", type=Path)
     add("--max-batch-tokens", "token budget of one packed forward pass", type=int)
+    add("--onednn-linear", "on CPU in float32, run linear layers through oneDNN with the bias and a following GELU "
+        "fused (--no-onednn-linear: torch's nn.Linear)", action=argparse.BooleanOptionalAction)
     add("--max-queue-tokens", "tokens admitted but not yet scored; beyond it requests get 429", type=int)
     add("--max-request-bytes", "largest accepted request body; beyond it 413", type=int)
     add("--max-request-tokens", "most tokens one request may run through the model once planned (multi-item "
@@ -137,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
         "score difference (default: no bound)", type=float)
     add("--quantization-min-top10", "certificate: refuse to become ready below this share of top-10 agreement "
         "between int8 and float32 rankings (default: no bound)", type=float)
+    add("--quantization-float32-modules", "int8: comma-separated regular expressions of trunk module paths whose "
+        "linear layers stay float32, for accuracy (e.g. encoder.layer.[0-2].output.dense)")
     add("--decision-template", "/v1/decisions and /v1/systemone (causal LMs): a Jinja file in the chat-template "
         "language that renders a conversation ending in one question into the prompt, replacing the built-in one "
         "(the model's own chat template; docs/decisions.md)", type=Path)

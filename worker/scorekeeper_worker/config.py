@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 from enum import StrEnum
 from pathlib import Path
 from typing import Literal
@@ -59,6 +60,7 @@ class WorkerConfig(BaseModel):
     metrics_port: int | None = Field(None, ge=1, le=65535)
     api_key_file: Path | None = None
     max_batch_tokens: int = Field(8192, ge=16)
+    onednn_linear: bool = True
     max_queue_tokens: int = Field(262144, ge=16)
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     max_request_tokens: int = Field(65536, ge=16)
@@ -89,6 +91,7 @@ class WorkerConfig(BaseModel):
     quantization_min_spearman: float = Field(0.99, ge=-1, le=1)
     quantization_max_score_delta: float | None = Field(None, gt=0)
     quantization_min_top10: float | None = Field(None, ge=0, le=1)
+    quantization_float32_modules: tuple[str, ...] | None = None  # None: every linear layer int8
     decision_template: Path | None = None
 
     @field_validator("threads", mode="before")
@@ -105,6 +108,22 @@ class WorkerConfig(BaseModel):
     def _split_buckets(cls, value: object) -> object:
         if isinstance(value, str):
             return tuple(int(part) for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("quantization_float32_modules", mode="before")
+    @classmethod
+    def _split_modules(cls, value: object) -> object:
+        return tuple(part.strip() for part in value.split(",") if part.strip()) if isinstance(value, str) else value
+
+    @field_validator("quantization_float32_modules")
+    @classmethod
+    def _check_modules(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        for pattern in value or ():
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                raise ValueError(f"quantization_float32_modules: {pattern!r} is not a regular expression: "
+                                 f"{error}") from None
         return value
 
     @field_validator("label_tokens", mode="before")

@@ -9,6 +9,7 @@ import torch
 
 from scorekeeper_worker.engine.packing import ForwardInputs
 from scorekeeper_worker.model.loader import ScoringModel
+from scorekeeper_worker.model.pooled_rows import only_rows
 from scorekeeper_worker.model.rope import per_token_tables
 
 
@@ -43,17 +44,22 @@ def pooled_rows(model: ScoringModel, inputs: ForwardInputs, trunk: PaddedTrunk |
     one row per slot of the bucket, the live ones first). Reads no device value on the host, so it can be captured.
     `trunk`: another backend for the trunk, run on padded blocks (int8)."""
     inputs.layout.reset()  # masks are rebuilt from the tensors' current values in every pass
+    token_index = inputs.pool_token_index
     if trunk is not None:
         hidden = padded_hidden(trunk, inputs)
     elif model.packed:
         extra = {} if inputs.token_type_ids is None else {"token_type_ids": inputs.token_type_ids}
-        with per_token_tables(inputs.rope_table):
+        rows = inputs.pooled_tokens if model.selects_rows else None
+        with per_token_tables(inputs.rope_table), only_rows(rows):
             output = model.trunk(input_ids=inputs.input_ids, position_ids=inputs.position_ids,
                                  scorekeeper_layout=inputs.layout, use_cache=False, **extra)
         hidden = output.last_hidden_state[0]
+        if rows is not None:  # the trunk returned the pooled tokens only
+            assert inputs.pool_row_index is not None
+            token_index = inputs.pool_row_index
     else:
         hidden = padded_hidden(model.trunk, inputs)
-    contributions = hidden[inputs.pool_token_index].float() * inputs.pool_weight[:, None]
+    contributions = hidden[token_index].float() * inputs.pool_weight[:, None]
     pooled = torch.zeros(inputs.pool_rows or len(inputs.owners), hidden.shape[-1], dtype=torch.float32,
                          device=hidden.device)
     return pooled.index_add_(0, inputs.pool_slot, contributions)

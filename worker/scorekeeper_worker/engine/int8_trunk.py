@@ -81,9 +81,11 @@ def _imports() -> tuple[Any, Any]:
     return openvino, nncf
 
 
-def quantize(model: ScoringModel, calibration: list[dict[str, np.ndarray]], threads: int) -> Int8Trunk:
-    """Convert the float32 trunk (with torch's SDPA attention, which converts), quantize it on the calibration
-    blocks and compile it for this CPU with `threads` threads."""
+def quantized_model(model: ScoringModel, calibration: list[dict[str, np.ndarray]],
+                    float32_modules: tuple[str, ...] = ()) -> tuple[Any, tuple[str, ...]]:
+    """Convert the float32 trunk (with torch's SDPA attention, which converts) and quantize it on the calibration
+    blocks: the OpenVINO model and its input names. `float32_modules`: regular expressions of trunk module paths
+    (`encoder.layer.[0-2].output.dense`) whose linear layers stay float32."""
     openvino, nncf = _imports()
     names = tuple(name for name in INPUTS if name in calibration[0])
     example = tuple(torch.from_numpy(calibration[0][name]) for name in names)
@@ -101,10 +103,21 @@ def quantize(model: ScoringModel, calibration: list[dict[str, np.ndarray]], thre
     for port, name in zip(converted.inputs, names, strict=True):
         port.get_tensor().set_names({name})
     dataset = nncf.Dataset(calibration, lambda block: tuple(block[name] for name in names))
+    # Converted nodes are named after the module path: "__module.trunk.encoder.layer.0.output.dense/aten::linear/…"
+    ignored = nncf.IgnoredScope(patterns=[rf"__module\.trunk\.(?:{path})/.*" for path in float32_modules],
+                                validate=False)
     quantized = nncf.quantize(converted, dataset, model_type=nncf.ModelType.TRANSFORMER,
-                              subset_size=len(calibration))
+                              subset_size=len(calibration), ignored_scope=ignored)
+    return quantized, names
+
+
+def quantize(model: ScoringModel, calibration: list[dict[str, np.ndarray]], threads: int,
+             float32_modules: tuple[str, ...] = ()) -> Int8Trunk:
+    """`quantized_model`, compiled for this CPU with `threads` threads."""
+    openvino, _ = _imports()
+    quantized, names = quantized_model(model, calibration, float32_modules)
     compiled = openvino.Core().compile_model(quantized, "CPU", {
         "INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"})
-    log.info("int8 trunk: %s quantized on %d calibration blocks, %d threads", type(model.trunk).__name__,
-             len(calibration), threads)
+    log.info("int8 trunk: %s quantized on %d calibration blocks (float32 kept: %s), %d threads",
+             type(model.trunk).__name__, len(calibration), list(float32_modules) or "none", threads)
     return Int8Trunk(compiled, names)

@@ -28,6 +28,7 @@ from scorekeeper_worker.kernels.attention import ATTENTION_NAME
 from scorekeeper_worker.model import sentence_transformers
 from scorekeeper_worker.model.config_keys import check_config
 from scorekeeper_worker.model.dtypes import DTypeChoice, choose_dtype, detect_hardware, dtype_name
+from scorekeeper_worker.model.pooled_rows import install_row_selection
 from scorekeeper_worker.model.prompt_template import PromptTemplate
 from scorekeeper_worker.model.rope import RopeTables, install_packed_rotary
 from scorekeeper_worker.model.sentence_transformers import SentenceTransformersConfig
@@ -82,6 +83,7 @@ class ScoringModel:
     rope: RopeTables = field(default_factory=RopeTables)  # the RoPE table of each sequence length (model/rope.py)
     # Decoder classifiers: the head reads the last token that is not this id (transformers' config.pad_token_id).
     classifier_pad: int | None = None
+    selects_rows: bool = False  # the trunk can stop computing unpooled rows after the last attention (pooled_rows.py)
     # Set by the service from --prompt-template / --label-tokens (decoders): the prompt every text pair is wrapped
     # in, and the label tokens a request that sends none gets.
     template: PromptTemplate | None = None
@@ -189,6 +191,7 @@ def load_model(path: Path, dtype: DType, device: str, name: str) -> ScoringModel
         tables = install_packed_rotary(model)
     config = model.config
     trunk = model if kind.kind == ModelKind.EMBEDDING else model.base_model
+    selects_rows = arch.execution == Execution.PACKED and install_row_selection(trunk, arch)
     offset = config.pad_token_id + 1 if arch.position_offset else 0
     if kind.kind == ModelKind.CAUSAL_LM:
         logit_size = model.get_output_embeddings().weight.shape[0]
@@ -223,4 +226,5 @@ def load_model(path: Path, dtype: DType, device: str, name: str) -> ScoringModel
         sentence_config=sentence_config,
         rope=tables,
         classifier_pad=config.pad_token_id if kind.kind == ModelKind.CLASSIFIER else None,
+        selects_rows=selects_rows,
     )

@@ -89,6 +89,9 @@ class ArchitectureSupport:
     execution: Execution = Execution.PACKED
     position_offset: bool = False  # RoBERTa family: position ids start at pad_token_id + 1
     unused_in_embedding: tuple[str, ...] = ()  # parameter prefixes an embedding model never runs (may be missing)
+    # The trunk module (`{last}`: the last layer's index) where the last layer's per-token tail starts, called with
+    # (attention output, residual): from there on only pooled rows are computed (model/pooled_rows.py).
+    pooled_rows_from: str | None = None
 
     def architectures(self) -> list[str]:
         return [self.class_prefix + kind.class_suffix for kind in self.kinds]
@@ -106,6 +109,8 @@ _ENCODER_EMBEDDING = KindSupport(ModelKind.EMBEDDING, "Model", Pooling.MEAN, Poo
 # RobertaClassificationHead / ElectraClassificationHead read token 0 themselves: dense → activation → out_proj.
 _FIRST_TOKEN_HEAD = KindSupport(ModelKind.CROSS_ENCODER, "ForSequenceClassification", Pooling.CLS,
                                 head=(HeadStep("classifier", sequence=True),))
+# BERT-style layers: attention.output(attention output, residual) → dense, norm; then the feed-forward.
+_BERT_LAYER_TAIL = "encoder.layer.{last}.attention.output"
 _DECODER = (Attention.CAUSAL, Attention.GROUPED_QUERY, Attention.ROTARY)
 _ENCODER = (Attention.BIDIRECTIONAL,)
 
@@ -124,12 +129,13 @@ MATRIX: tuple[ArchitectureSupport, ...] = (
         KindSupport(ModelKind.CROSS_ENCODER, "ForSequenceClassification", Pooling.CLS,
                     pre_head=(HeadStep("base_model.pooler", sequence=True),),
                     head=(HeadStep("dropout"), HeadStep("classifier"))),
-        _ENCODER_EMBEDDING), unused_in_embedding=("pooler.",)),
+        _ENCODER_EMBEDDING), unused_in_embedding=("pooler.",), pooled_rows_from=_BERT_LAYER_TAIL),
     ArchitectureSupport("roberta", "Roberta", False, _ENCODER, (_FIRST_TOKEN_HEAD, _ENCODER_EMBEDDING),
-                        position_offset=True, unused_in_embedding=("pooler.",)),
+                        position_offset=True, unused_in_embedding=("pooler.",), pooled_rows_from=_BERT_LAYER_TAIL),
     ArchitectureSupport("xlm-roberta", "XLMRoberta", False, _ENCODER, (_FIRST_TOKEN_HEAD, _ENCODER_EMBEDDING),
-                        position_offset=True, unused_in_embedding=("pooler.",)),
-    ArchitectureSupport("electra", "Electra", False, _ENCODER, (_FIRST_TOKEN_HEAD, _ENCODER_EMBEDDING)),
+                        position_offset=True, unused_in_embedding=("pooler.",), pooled_rows_from=_BERT_LAYER_TAIL),
+    ArchitectureSupport("electra", "Electra", False, _ENCODER, (_FIRST_TOKEN_HEAD, _ENCODER_EMBEDDING),
+                        pooled_rows_from=_BERT_LAYER_TAIL),
     ArchitectureSupport("modernbert", "ModernBert", False,
                         (Attention.BIDIRECTIONAL, Attention.LOCAL_WINDOW, Attention.ROTARY), (
         # ModernBertForSequenceClassification: classifier(drop(head(pooled))), pooled by config.classifier_pooling.

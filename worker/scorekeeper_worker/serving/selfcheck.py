@@ -35,6 +35,7 @@ from scorekeeper_worker.contract.schemas import ScoreRequest
 from scorekeeper_worker.engine.executor import Executor
 from scorekeeper_worker.engine.jobs import ScoreJob
 from scorekeeper_worker.kernels.attention import ATTENTION_NAME
+from scorekeeper_worker.kernels.onednn_linear import plain_linears
 from scorekeeper_worker.model.dtypes import dtype_name
 from scorekeeper_worker.model.loader import ModelKind, ScoringModel
 from scorekeeper_worker.model.rope import transformers_rotary
@@ -98,11 +99,12 @@ def engine_scores(model: ScoringModel, executor: Executor, probe_set: list[Probe
 @contextmanager
 def eager_attention(model: ScoringModel) -> Iterator[None]:
     if not model.packed:  # the model's own attention already
-        yield
+        with plain_linears():
+            yield
         return
     model.model.set_attn_implementation("eager")
     try:
-        with transformers_rotary(model.model):
+        with transformers_rotary(model.model), plain_linears():
             yield
     finally:
         model.model.set_attn_implementation(ATTENTION_NAME)

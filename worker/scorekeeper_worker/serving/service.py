@@ -11,16 +11,19 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from scorekeeper_worker.config import DType, PooledHiddenStates, Quantization, WorkerConfig
+import torch
+
+from scorekeeper_worker.config import Device, DType, PooledHiddenStates, Quantization, WorkerConfig
 from scorekeeper_worker.contract.errors import NonFiniteScore, NotReady, RequestTimedOut, ResponseTooLarge
 from scorekeeper_worker.contract.schemas import BadRequest, ScoreRequest, ScoreResponse, Usage
-from scorekeeper_worker.engine import cpu_threads
+from scorekeeper_worker.engine import cpu_memory, cpu_threads
 from scorekeeper_worker.engine.cuda_graphs import GraphRunner
 from scorekeeper_worker.engine.executor import Executor
 from scorekeeper_worker.engine.jobs import JobResult, ScoreJob
 from scorekeeper_worker.engine.scheduler import Scheduler
 from scorekeeper_worker.kernels.attention import LayoutKind
 from scorekeeper_worker.kernels.flex import resolve_backend
+from scorekeeper_worker.kernels.onednn_linear import fuse_linears
 from scorekeeper_worker.metrics import WorkerMetrics
 from scorekeeper_worker.model.decision_template import DecisionTemplate, resolve_decision_template
 from scorekeeper_worker.model.loader import ModelKind, ScoringModel, load_model
@@ -125,9 +128,14 @@ class ScoringService:
         threads = cpu_threads.resolve(config.threads)
         cpu_threads.apply(threads)  # before any parallel work: loading is the first
         self.metrics.cpu_threads.set(threads.threads)
+        if config.device == Device.CPU:
+            cpu_memory.keep_freed_memory()
         # int8 is quantized from, and certified against, the float32 weights.
         dtype = DType.FLOAT32 if config.quantization == Quantization.INT8 else config.dtype
         model = load_model(config.model, dtype, config.device.value, config.name)
+        if config.onednn_linear and model.device.type == "cpu" and model.dtype == torch.float32 and \
+                config.quantization == Quantization.NONE:  # int8 converts the plain float32 modules
+            log.info("oneDNN linear layers: %d", fuse_linears(model.trunk))
         self._prompt(model)
         delimiter = config.multi_item_scoring_delimiter
         if delimiter is not None and delimiter >= model.model.get_input_embeddings().num_embeddings:

@@ -1,0 +1,136 @@
+"""What each CPU float32 step of the worker is worth (issue 23; docs/benchmarks.md "float32: what was tried"), on the
+bench_cpu.py workloads (1 query × 200 documents, MiniLM cross-encoder for rerank, all-MiniLM-L6-v2 for embed).
+
+- Over HTTP, one worker per arm, all started together and timed round-robin (so a noisy neighbour hits them alike):
+  the defaults, `--no-onednn-linear` (torch's nn.Linear) and `--max-batch-tokens 2048` (smaller forwards).
+- In process (engine only, no HTTP), interleaved in one process: the forward with and without the pooled-rows
+  selection of the last layer (rerank: CLS pooling), then minor page faults per request before and after
+  `engine/cpu_memory.keep_freed_memory()` (process-wide: it cannot be switched back, so the two halves are not
+  interleaved; the fault counts are the measurement, the times are context).
+
+    .venv/bin/python bench/bench_cpu_steps.py --task rerank --mix short
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import http_servers
+from bench_cpu import cross_encoder_dir
+from bench_minilm import make_workload
+from common import log, markdown_table, median
+
+BATCH_TOKENS = 8192  # the worker's default --max-batch-tokens
+ARMS = {"defaults": [], "--no-onednn-linear": ["--no-onednn-linear"],
+        "--max-batch-tokens 2048": ["--max-batch-tokens", "2048"]}
+
+
+def http_arms(task: str, model: Path, workload: dict[str, Any], reps: int, threads: int) -> list[list[str]]:
+    servers = {}
+    try:
+        for name, flags in ARMS.items():
+            servers[name] = http_servers.scorekeeper(name, model, threads, set(range(threads)), flags)
+        call = {name: (s.rerank if task == "rerank" else s.embed) for name, s in servers.items()}
+        times: dict[str, list[float]] = {name: [] for name in servers}
+        for name in servers:  # warm-up
+            call[name](workload["query"], workload["items"])
+        for rep in range(reps):
+            for name in list(servers) if rep % 2 == 0 else list(reversed(servers)):
+                times[name].append(call[name](workload["query"], workload["items"])[0])
+    finally:
+        for server in servers.values():
+            server.close()
+    base = median(times["defaults"])
+    return [[name, f"{median(t):.3f}", f"{median(t) / base:.2f}×"] for name, t in times.items()]
+
+
+def in_process(model: Path, workload: dict[str, Any], reps: int) -> list[list[str]]:
+    from scorekeeper_worker.config import DType
+    from scorekeeper_worker.contract.schemas import ScoreRequest
+    from scorekeeper_worker.engine.cpu_memory import keep_freed_memory
+    from scorekeeper_worker.engine.executor import Executor
+    from scorekeeper_worker.engine.jobs import ScoreJob
+    from scorekeeper_worker.kernels.onednn_linear import fuse_linears
+    from scorekeeper_worker.model.loader import Pooling, load_model
+    from scorekeeper_worker.planning.planner import plan, tokenize
+
+    scoring = load_model(model, DType.FLOAT32, "cpu", "bench")
+    fuse_linears(scoring.trunk)
+    request = ScoreRequest(query=workload["query"], items=workload["items"])
+    executor = Executor(scoring)
+
+    def once() -> tuple[float, int]:
+        loop = asyncio.new_event_loop()
+        job = ScoreJob(num_items=len(request.item_list), apply_softmax=False, temperature=1.0, labels=None,
+                       want_pooled=False, prompt_tokens=0, multi_item=False, future=loop.create_future(), loop=loop)
+        units = plan(scoring, request, tokenize(scoring, request), job, False, BATCH_TOKENS, None).units
+        job.remaining = sum(len(unit.pools) for unit in units)
+        batches: list[list[Any]] = [[]]
+        for unit in units:  # batches of the server's default --max-batch-tokens, as the scheduler forms them
+            if batches[-1] and sum(u.num_tokens for u in batches[-1]) + unit.num_tokens > BATCH_TOKENS:
+                batches.append([])
+            batches[-1].append(unit)
+        faults, started = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+        for batch in batches:
+            executor.run(batch)
+        seconds = time.perf_counter() - started
+        loop.close()
+        return seconds, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+
+    rows = []
+    if scoring.selects_rows and scoring.pooling != Pooling.MEAN:  # mean pooling reads every row
+        times: dict[bool, list[float]] = {True: [], False: []}
+        for rep in range(2 * reps + 2):
+            scoring.selects_rows = rep % 2 == 0
+            seconds, _ = once()
+            if rep >= 2:  # one warm-up each
+                times[scoring.selects_rows].append(seconds)
+        scoring.selects_rows = True
+        ratio = median(times[False]) / median(times[True])
+        rows += [["pooled rows only in the last layer's tail", f"{median(times[True]):.3f}", "—", "1.00×"],
+                 ["every row through the last layer", f"{median(times[False]):.3f}", "—", f"{ratio:.2f}×"]]
+    once()
+    glibc = [once() for _ in range(reps)]
+    keep_freed_memory()
+    once()
+    kept = [once() for _ in range(reps)]
+    rows += [["allocator thresholds (after keep_freed_memory)", f"{median([s for s, _ in kept]):.3f}",
+              f"{median([f for _, f in kept]):.0f}", "—"],
+             ["glibc's defaults (before)", f"{median([s for s, _ in glibc]):.3f}",
+              f"{median([f for _, f in glibc]):.0f}", "—"]]
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", choices=["rerank", "embed"], default="rerank")
+    parser.add_argument("--mix", choices=["short", "long"], default="short")
+    parser.add_argument("--items", type=int, default=200)
+    parser.add_argument("--reps", type=int, default=6)
+    parser.add_argument("--threads", type=int, default=2, help="and CPUs 0..threads-1 for the servers")
+    args = parser.parse_args()
+    from scorekeeper_worker.model.files import minilm_path
+
+    model = cross_encoder_dir() if args.task == "rerank" else minilm_path()
+    workload = make_workload(minilm_path(), args.mix, args.items, 0)
+    log("HTTP arms")
+    print(markdown_table(["worker (HTTP)", "s/request (median)", "vs defaults"],
+                         http_arms(args.task, model, workload, args.reps, args.threads)))
+    log("in-process arms")
+    import torch
+
+    torch.set_num_threads(args.threads)
+    print(markdown_table(["engine, in process", "s/request (median)", "minor faults/request", "vs selection"],
+                         in_process(model, workload, args.reps)))
+
+
+if __name__ == "__main__":
+    main()
