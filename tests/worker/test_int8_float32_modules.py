@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 from scorekeeper_worker.config import DType, WorkerConfig
 from scorekeeper_worker.engine.executor import Executor
-from scorekeeper_worker.engine.int8_trunk import RecordingTrunk, quantized_model
+from scorekeeper_worker.engine.int8_trunk import Int8Unavailable, RecordingTrunk, quantized_model
 from scorekeeper_worker.model.loader import load_model
 from scorekeeper_worker.serving.probe_texts import calibration_requests
 from scorekeeper_worker.serving.quantization import text_scores
@@ -36,11 +36,19 @@ def _quantized_linears(name: str, tiny_model: Callable[[str], Path], keep: tuple
 
 def test_named_modules_stay_float32(tiny_model: Callable[[str], Path]) -> None:
     everything = _quantized_linears("bert-cross", tiny_model, ())
-    kept = _quantized_linears("bert-cross", tiny_model, (r"encoder.layer.[0].output.dense", "pooler.dense"))
+    kept = _quantized_linears("bert-cross", tiny_model, (r"encoder.layer.[0].output.dense",
+                                                         r"encoder.layer.1.attention.self.(query|key)"))
     assert everything["encoder.layer.0.output.dense"] and everything["encoder.layer.1.output.dense"]
+    assert everything["encoder.layer.1.attention.self.query"] and everything["encoder.layer.1.attention.self.key"]
     assert not kept["encoder.layer.0.output.dense"]
-    assert kept["encoder.layer.1.output.dense"] and kept["encoder.layer.0.intermediate.dense"]
+    assert not kept["encoder.layer.1.attention.self.query"] and not kept["encoder.layer.1.attention.self.key"]
+    assert kept["encoder.layer.1.output.dense"] and kept["encoder.layer.1.attention.self.value"]
     assert sum(kept.values()) < sum(everything.values())
+
+
+def test_a_pattern_that_matches_no_linear_layer_is_refused(tiny_model: Callable[[str], Path]) -> None:
+    with pytest.raises(Int8Unavailable, match=r"'encoder.layers.0.output.dense' matches no linear layer"):
+        _quantized_linears("bert-cross", tiny_model, ("encoder.layers.0.output.dense",))  # "layers": a typo
 
 
 def test_a_pattern_must_be_a_regular_expression() -> None:

@@ -12,6 +12,7 @@ runs in float32 (OpenVINO's CPU default would be bfloat16 on CPUs that have it).
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,8 +105,14 @@ def quantized_model(model: ScoringModel, calibration: list[dict[str, np.ndarray]
         port.get_tensor().set_names({name})
     dataset = nncf.Dataset(calibration, lambda block: tuple(block[name] for name in names))
     # Converted nodes are named after the module path: "__module.trunk.encoder.layer.0.output.dense/aten::linear/…"
-    ignored = nncf.IgnoredScope(patterns=[rf"__module\.trunk\.(?:{path})/.*" for path in float32_modules],
-                                validate=False)
+    patterns = [rf"__module\.trunk\.(?:{path})/.*" for path in float32_modules]
+    linears = [op.get_friendly_name() for op in converted.get_ops() if op.get_type_name() == "MatMul"]
+    for path, pattern in zip(float32_modules, patterns, strict=True):
+        if not any(re.fullmatch(pattern, name) for name in linears):
+            modules = sorted({name.removeprefix("__module.trunk.").split("/")[0] for name in linears})
+            raise Int8Unavailable(f"--quantization-float32-modules: {path!r} matches no linear layer of the trunk; "
+                                  f"its linear layers are {modules[:4]} … ({len(modules)} in all)")
+    ignored = nncf.IgnoredScope(patterns=patterns, validate=False)
     quantized = nncf.quantize(converted, dataset, model_type=nncf.ModelType.TRANSFORMER,
                               subset_size=len(calibration), ignored_scope=ignored)
     return quantized, names
