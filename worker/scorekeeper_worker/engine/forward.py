@@ -8,6 +8,7 @@ from typing import Any, Protocol
 import torch
 
 from scorekeeper_worker.engine.packing import ForwardInputs
+from scorekeeper_worker.kernels.attention import LayoutKind
 from scorekeeper_worker.model.loader import ScoringModel
 from scorekeeper_worker.model.pooled_rows import only_rows
 from scorekeeper_worker.model.rope import per_token_tables
@@ -41,7 +42,8 @@ def padded_hidden(trunk: PaddedTrunk, inputs: ForwardInputs) -> torch.Tensor:
 
 def pooled_rows(model: ScoringModel, inputs: ForwardInputs, trunk: PaddedTrunk | None = None) -> torch.Tensor:
     """Forward the packed batch and pool it: [P, H] float32, one row per Pool of the units (graph-shaped inputs:
-    one row per slot of the bucket, the live ones first). Reads no device value on the host, so it can be captured.
+    one row per slot of the bucket, the live ones first). Reads no device value on the host for graph-shaped inputs,
+    so it can be captured.
     `trunk`: another backend for the trunk, run on padded blocks (int8)."""
     inputs.layout.reset()  # masks are rebuilt from the tensors' current values in every pass
     token_index = inputs.pool_token_index
@@ -49,14 +51,15 @@ def pooled_rows(model: ScoringModel, inputs: ForwardInputs, trunk: PaddedTrunk |
         hidden = padded_hidden(trunk, inputs)
     elif model.packed:
         extra = {} if inputs.token_type_ids is None else {"token_type_ids": inputs.token_type_ids}
-        rows = inputs.pooled_tokens if model.selects_rows else None
+        rows = None
+        if model.selects_rows and inputs.layout.kind == LayoutKind.BLOCKS:  # eager: graph buckets keep their shapes
+            pooled_tokens, index = torch.unique(token_index, return_inverse=True)  # ascending
+            if len(pooled_tokens) < inputs.num_tokens:  # the trunk then returns these tokens only
+                rows, token_index = pooled_tokens, index
         with per_token_tables(inputs.rope_table), only_rows(rows):
             output = model.trunk(input_ids=inputs.input_ids, position_ids=inputs.position_ids,
                                  scorekeeper_layout=inputs.layout, use_cache=False, **extra)
         hidden = output.last_hidden_state[0]
-        if rows is not None:  # the trunk returned the pooled tokens only
-            assert inputs.pool_row_index is not None
-            token_index = inputs.pool_row_index
     else:
         hidden = padded_hidden(model.trunk, inputs)
     contributions = hidden[token_index].float() * inputs.pool_weight[:, None]

@@ -95,10 +95,6 @@ class ForwardInputs:
     rope_table: torch.Tensor  # [T] the RoPE table of each token
     padding_tokens: int = 0
     pool_rows: int = 0  # rows of the pooled output: len(owners), or a bucket's slots + 1 (the scratch slot)
-    # Eager batches whose pools read fewer tokens than the batch has (CLS / last-token pooling): those tokens,
-    # ascending, and each contribution's index among them (a trunk that selects rows returns only these).
-    pooled_tokens: torch.Tensor | None = None
-    pool_row_index: torch.Tensor | None = None
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor a forward pass reads, in a fixed order (CUDA-graph static buffers are refilled from it)."""
@@ -217,9 +213,6 @@ def build_inputs(units: list[PackUnit], device: torch.device, kind: LayoutKind =
                    for rows in _blocks([r for r in item_rows if r.parent is None]) + _blocks(children)]
     item_contexts = _row_block(item_context_rows, spare, device) if item_context_rows else None
     layout = AttentionLayout(context_blocks, item_blocks, item_contexts)
-    pooled = sorted(set(pool_token))
-    row_of = {token: row for row, token in enumerate(pooled)}
-    selective = len(pooled) < len(ids)
     return ForwardInputs(
         input_ids=_tensor([ids], device),
         position_ids=_tensor([positions], device),
@@ -231,8 +224,6 @@ def build_inputs(units: list[PackUnit], device: torch.device, kind: LayoutKind =
         owners=owners,
         num_tokens=len(ids),
         rope_table=_tensor(tables, device),
-        pooled_tokens=_tensor(pooled, device) if selective else None,
-        pool_row_index=_tensor([row_of[token] for token in pool_token], device) if selective else None,
     )
 
 
