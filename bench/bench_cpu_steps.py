@@ -4,9 +4,11 @@ bench_cpu.py workloads (1 query × 200 documents, MiniLM cross-encoder for reran
 - Over HTTP, one worker per arm, all started together and timed round-robin (so a noisy neighbour hits them alike):
   the defaults, `--no-onednn-linear` (torch's nn.Linear) and `--max-batch-tokens 2048` (smaller forwards).
 - In process (engine only, no HTTP), interleaved in one process: the forward with and without the pooled-rows
-  selection of the last layer (rerank: CLS pooling), then minor page faults per request before and after
-  `engine/cpu_memory.keep_freed_memory()` (process-wide: it cannot be switched back, so the two halves are not
-  interleaved; the fault counts are the measurement, the times are context).
+  selection of the last layer (rerank: CLS pooling), with batched attention products for short rows and with the
+  flash kernel for every row (`kernels/tiled.BATCHED_MAX_KEYS` 0), after minor page faults per request before and
+  after `engine/cpu_memory.keep_freed_memory()` (process-wide: it cannot be switched back, so the two halves are not
+  interleaved; the fault counts are the measurement, the times are context; the arms then run under it, as the
+  worker does).
 
     .venv/bin/python bench/bench_cpu_steps.py --task rerank --mix short
 """
@@ -18,6 +20,7 @@ import asyncio
 import resource
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +61,7 @@ def in_process(model: Path, workload: dict[str, Any], reps: int) -> list[list[st
     from scorekeeper_worker.engine.cpu_memory import keep_freed_memory
     from scorekeeper_worker.engine.executor import Executor
     from scorekeeper_worker.engine.jobs import ScoreJob
+    from scorekeeper_worker.kernels import tiled
     from scorekeeper_worker.kernels.onednn_linear import fuse_linears
     from scorekeeper_worker.model.loader import Pooling, load_model
     from scorekeeper_worker.planning.planner import plan, tokenize
@@ -85,27 +89,39 @@ def in_process(model: Path, workload: dict[str, Any], reps: int) -> list[list[st
         loop.close()
         return seconds, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
 
-    rows = []
-    if scoring.selects_rows and scoring.pooling != Pooling.MEAN:  # mean pooling reads every row
+    def interleaved(switch: Callable[[bool], None], on: str, off: str) -> list[list[str]]:
         times: dict[bool, list[float]] = {True: [], False: []}
         for rep in range(2 * reps + 2):
-            scoring.selects_rows = rep % 2 == 0
+            switch(rep % 2 == 0)
             seconds, _ = once()
             if rep >= 2:  # one warm-up each
-                times[scoring.selects_rows].append(seconds)
-        scoring.selects_rows = True
+                times[rep % 2 == 0].append(seconds)
+        switch(True)
         ratio = median(times[False]) / median(times[True])
-        rows += [["pooled rows only in the last layer's tail", f"{median(times[True]):.3f}", "—", "1.00×"],
-                 ["every row through the last layer", f"{median(times[False]):.3f}", "—", f"{ratio:.2f}×"]]
+        return [[on, f"{median(times[True]):.3f}", "—", "1.00×"],
+                [off, f"{median(times[False]):.3f}", "—", f"{ratio:.2f}×"]]
+
+    def select_rows(on: bool) -> None:
+        scoring.selects_rows = on
+
+    def batched_attention(on: bool) -> None:
+        tiled.BATCHED_MAX_KEYS = batched_keys if on else 0
+
     once()
     glibc = [once() for _ in range(reps)]
-    keep_freed_memory()
+    keep_freed_memory()  # the worker's setting from here on: the arms below run as the worker runs them
     once()
     kept = [once() for _ in range(reps)]
-    rows += [["allocator thresholds (after keep_freed_memory)", f"{median([s for s, _ in kept]):.3f}",
-              f"{median([f for _, f in kept]):.0f}", "—"],
-             ["glibc's defaults (before)", f"{median([s for s, _ in glibc]):.3f}",
-              f"{median([f for _, f in glibc]):.0f}", "—"]]
+    rows = [["allocator thresholds (after keep_freed_memory)", f"{median([s for s, _ in kept]):.3f}",
+             f"{median([f for _, f in kept]):.0f}", "—"],
+            ["glibc's defaults (before)", f"{median([s for s, _ in glibc]):.3f}",
+             f"{median([f for _, f in glibc]):.0f}", "—"]]
+    batched_keys = tiled.BATCHED_MAX_KEYS
+    rows += interleaved(batched_attention, f"batched attention for rows of ≤ {batched_keys} keys",
+                        "the flash kernel for every row")
+    if scoring.selects_rows and scoring.pooling != Pooling.MEAN:  # mean pooling reads every row
+        rows += interleaved(select_rows, "pooled rows only in the last layer's tail",
+                            "every row through the last layer")
     return rows
 
 
@@ -116,20 +132,22 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=200)
     parser.add_argument("--reps", type=int, default=6)
     parser.add_argument("--threads", type=int, default=2, help="and CPUs 0..threads-1 for the servers")
+    parser.add_argument("--no-http", action="store_true", help="the in-process arms only")
     args = parser.parse_args()
     from scorekeeper_worker.model.files import minilm_path
 
     model = cross_encoder_dir() if args.task == "rerank" else minilm_path()
     workload = make_workload(minilm_path(), args.mix, args.items, 0)
-    log("HTTP arms")
-    print(markdown_table(["worker (HTTP)", "s/request (median)", "vs defaults"],
-                         http_arms(args.task, model, workload, args.reps, args.threads)))
+    if not args.no_http:
+        log("HTTP arms")
+        print(markdown_table(["worker (HTTP)", "s/request (median)", "vs defaults"],
+                             http_arms(args.task, model, workload, args.reps, args.threads)))
     log("in-process arms")
     import torch
 
     torch.set_num_threads(args.threads)
-    print(markdown_table(["engine, in process", "s/request (median)", "minor faults/request", "vs selection"],
-                         in_process(model, workload, args.reps)))
+    header = ["engine, in process", "s/request (median)", "minor faults/request", "time vs the arm above it"]
+    print(markdown_table(header, in_process(model, workload, args.reps)))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from scorekeeper_worker.kernels.layout import (
     TokenLayout,
     token_allowed,
 )
-from scorekeeper_worker.kernels.tiled import Mask, RowMask, attend, merge
+from scorekeeper_worker.kernels.tiled import Mask, RowMask, attend, attend_output, merge
 
 __all__ = ["ATTENTION_NAME", "AttentionLayout", "ItemBlock", "LayoutKind", "RowBlock", "TokenLayout",
            "packed_attention", "token_allowed"]
@@ -136,7 +136,7 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
         mask = layout.cached(("ctx", i, causal, window), lambda b=block: RowMask(
             b.positions, b.positions, _valid(b) if b.padded else None, causal, window, contiguous=True))
         qr, kr, vr = (_rows(t, block.token_index, g) for t, g in ((q, 1), (k, groups), (v, groups)))
-        _put(out, block, attend(qr, kr, vr, mask, causal, scale, softcap)[0])  # type: ignore[arg-type]
+        _put(out, block, attend_output(qr, kr, vr, mask, causal, scale, softcap))  # type: ignore[arg-type]
 
     contexts = layout.item_contexts
     if contexts is not None:  # every item block reads the same query rows: gather them once

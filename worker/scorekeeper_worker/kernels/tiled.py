@@ -2,10 +2,13 @@
 
 `attend` runs q [R, H, Lq, D] against k/v [R, H, Lk, D] and returns the output and its log-sum-exp (multi-item views
 are merged by it). On CPU without softcapping it is the fused flash kernel; a block that needs a mask (sliding
-windows, key padding seen by non-causal rows) gets it one tile of queries at a time. Softcapping (Gemma2), other
-devices and CUDA-graph buckets take the explicit float32 path, also one tile of queries at a time, so no call holds
-more than `TILE_ELEMENTS` scores or mask entries: a 32k-token item costs tiles, not a 32k × 32k matrix per head.
-Causal rows only look at the keys a tile can see (up to its last query, and within the window)."""
+windows, key padding seen by non-causal rows) gets it one tile of queries at a time. `attend_output` is for rows
+that need no log-sum-exp (whole sequences): short float32 rows on CPU take two batched matrix products and a
+softmax per tile of rows instead, faster than the flash kernel's per-row work up to ~256 keys
+(bench/bench_attention.py). Softcapping (Gemma2), other devices and CUDA-graph buckets take the explicit float32
+path, also one tile of queries at a time, so no call holds more than `TILE_ELEMENTS` scores or mask entries: a
+32k-token item costs tiles, not a 32k × 32k matrix per head. Causal rows only look at the keys a tile can see (up
+to its last query, and within the window)."""
 
 from __future__ import annotations
 
@@ -15,6 +18,10 @@ _flash_cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 # Scores (explicit path: rows × heads × queries × keys) or mask entries (fused path: rows × queries × keys) one call
 # may materialise: 16 M elements, 64 MB in float32. Below it a block is one call, as fast as untiled.
 TILE_ELEMENTS = 1 << 24
+# `attend_output` on CPU: batched matrix products for rows of up to this many keys (beyond ~300 the flash kernel
+# wins), in tiles of at most BATCHED_TILE scores (4 MB: much larger tiles leave the cache and lose to flash).
+BATCHED_MAX_KEYS = 256
+BATCHED_TILE = 1 << 20
 
 
 class Mask:
@@ -143,6 +150,48 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask | None,
     if len(outputs) == 1:
         return outputs[0], lses[0]
     return torch.cat(outputs, dim=-2), torch.cat(lses, dim=-1)
+
+
+def attend_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask | None, causal: bool, scale: float,
+                  softcap: float | None) -> torch.Tensor:
+    """`attend`'s output alone. Short float32 rows on CPU: tiles of whole rows (of query ranges, for wide rows) whose
+    scores fit `BATCHED_TILE`, each two batched products and a softmax with the mask added as a bias."""
+    rows, heads, queries, _ = q.shape
+    keys = k.shape[-2]
+    if softcap is not None or not fused_kernel(q.device) or q.dtype != torch.float32 or keys > BATCHED_MAX_KEYS:
+        return attend(q, k, v, mask, causal, scale, softcap)[0]
+    if mask is None and causal:
+        index = torch.arange(queries, device=q.device)[None]
+        mask = RowMask(index, index, None, True, None, contiguous=True)
+    query_step = min(queries, max(1, BATCHED_TILE // (heads * keys)))
+    row_step = max(1, BATCHED_TILE // (heads * query_step * keys))
+    outputs = []
+    for q0 in range(0, queries, query_step):
+        q1 = min(queries, q0 + query_step)
+        k0, k1 = (0, keys) if mask is None else mask.keys(q0, q1, keys)
+        bias = None if mask is None else mask.tile(q.dtype, q0, q1, k0, k1, query_step == queries)
+        if bias is not None and bias.shape[0] == 1:
+            bias = bias.expand(rows, *bias.shape[1:])
+        outputs.append(torch.cat([
+            _batched(q[r0:r0 + row_step, :, q0:q1], k[r0:r0 + row_step, :, k0:k1], v[r0:r0 + row_step, :, k0:k1],
+                     None if bias is None else bias[r0:r0 + row_step], scale)
+            for r0 in range(0, rows, row_step)]))
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-2)
+
+
+def _batched(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
+             scale: float) -> torch.Tensor:
+    """One tile as batched products over rows × heads; `bias` [R, 1, q or 1, k] additive (finite minimum)."""
+    rows, heads, queries, dim = q.shape
+    keys = k.shape[-2]
+    q3, k3 = q.reshape(rows * heads, queries, dim), k.reshape(rows * heads, keys, dim).transpose(1, 2)
+    if bias is None:
+        scores = torch.bmm(q3, k3).mul_(scale)
+    else:
+        scores = torch.baddbmm(bias.expand(rows, heads, queries, keys).reshape(rows * heads, queries, keys), q3, k3,
+                               alpha=scale)
+    probs = torch.softmax(scores, dim=-1)
+    return torch.bmm(probs, v.reshape(rows * heads, keys, dim)).view(rows, heads, queries, dim)
 
 
 def _explicit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None, scale: float,
