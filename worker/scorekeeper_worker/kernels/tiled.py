@@ -4,7 +4,7 @@
 are merged by it). On CPU without softcapping it is the fused flash kernel; a block that needs a mask (sliding
 windows, key padding seen by non-causal rows) gets it one tile of queries at a time. `attend_output` is for rows
 that need no log-sum-exp (whole sequences): short float32 rows on CPU take two batched matrix products and a
-softmax per tile of rows instead, faster than the flash kernel's per-row work up to ~256 keys
+softmax per tile of rows instead, faster than the flash kernel's per-row and per-head work on short rows
 (bench/bench_attention.py). Softcapping (Gemma2), other devices and CUDA-graph buckets take the explicit float32
 path, also one tile of queries at a time, so no call holds more than `TILE_ELEMENTS` scores or mask entries: a
 32k-token item costs tiles, not a 32k × 32k matrix per head. Causal rows only look at the keys a tile can see (up
@@ -18,8 +18,8 @@ _flash_cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 # Scores (explicit path: rows × heads × queries × keys) or mask entries (fused path: rows × queries × keys) one call
 # may materialise: 16 M elements, 64 MB in float32. Below it a block is one call, as fast as untiled.
 TILE_ELEMENTS = 1 << 24
-# `attend_output` on CPU: batched matrix products for rows of up to this many keys (beyond ~300 the flash kernel
-# wins), in tiles of at most BATCHED_TILE scores (4 MB: much larger tiles leave the cache and lose to flash).
+# `attend_output` on CPU: batched matrix products for rows of up to this many keys (the two are even at 192-384 keys,
+# flash wins beyond), in tiles of at most BATCHED_TILE scores (4 MB: much larger tiles leave the cache and lose).
 BATCHED_MAX_KEYS = 256
 BATCHED_TILE = 1 << 20
 
@@ -172,10 +172,10 @@ def attend_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask 
         bias = None if mask is None else mask.tile(q.dtype, q0, q1, k0, k1, query_step == queries)
         if bias is not None and bias.shape[0] == 1:
             bias = bias.expand(rows, *bias.shape[1:])
-        outputs.append(torch.cat([
-            _batched(q[r0:r0 + row_step, :, q0:q1], k[r0:r0 + row_step, :, k0:k1], v[r0:r0 + row_step, :, k0:k1],
-                     None if bias is None else bias[r0:r0 + row_step], scale)
-            for r0 in range(0, rows, row_step)]))
+        parts = [_batched(q[r0:r0 + row_step, :, q0:q1], k[r0:r0 + row_step, :, k0:k1], v[r0:r0 + row_step, :, k0:k1],
+                          None if bias is None else bias[r0:r0 + row_step], scale)
+                 for r0 in range(0, rows, row_step)]
+        outputs.append(parts[0] if len(parts) == 1 else torch.cat(parts))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-2)
 
 
