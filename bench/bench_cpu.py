@@ -103,7 +103,8 @@ def run_task(task: str, systems: list[str], workloads: dict[str, dict[str, Any]]
                 if why is None:
                     runners[system] = start(system, task, model, args.threads, cpus)
             except RuntimeError as error:
-                why = str(error).splitlines()[0][:200]
+                lines = str(error).splitlines()  # a refusal's reason is the worker's "failed to load" line
+                why = next((line for line in reversed(lines) if "failed to load" in line), lines[0])[:400]
             if why is not None:
                 log(f"{system} unavailable: {why}")
                 records += [{"task": task, "mix": mix, "system": system, "unavailable": why} for mix in workloads]

@@ -52,6 +52,7 @@ SAMPLES: dict[str, Any] = {
     "scoring.promptTemplate": "qwen3-reranker",
     "scoring.labelTokens": [" yes", " no"],
     "scoring.quantizationCertificate.minSpearman": 0.995,
+    "scoring.quantizationCertificate.minSpeedup": 1.5,
     "scoring.quantizationCertificate.maxScoreDelta": 0.05,
     "scoring.quantizationCertificate.minTop10": 0.9,
     "scoring.decisions.template": "{input} Question: {question} Answer:",
@@ -105,7 +106,7 @@ PREREQUISITES: dict[str, dict[str, Any]] = {
     "pod.volumeMounts": {"pod.volumes": SAMPLES["pod.volumes"]},
     "auth.apiKeySecretRef.key": {"auth.apiKeySecretRef.name": "scorer-keys"},
     **{f"scoring.quantizationCertificate.{name}": {"scoring.quantization": "int8"}
-       for name in ("minSpearman", "maxScoreDelta", "minTop10")},
+       for name in ("minSpearman", "maxScoreDelta", "minTop10", "minSpeedup")},
 }
 # Set together with the field itself (only in the changed render): values that field cannot go without.
 COMPANIONS: dict[str, dict[str, Any]] = {

@@ -121,7 +121,7 @@ def test_rendered_args_parse_to_the_intended_config(name: str, tmp_path: Path) -
     assert config.quantization.value == spec.scoring.quantization.value
     certificate = spec.scoring.quantization_certificate
     worker_defaults = WorkerConfig.model_fields
-    for name in ("min_spearman", "max_score_delta", "min_top10"):
+    for name in ("min_spearman", "max_score_delta", "min_top10", "min_speedup"):
         wanted = getattr(certificate, name) if certificate is not None else None
         default = worker_defaults[f"quantization_{name}"].default
         assert getattr(config, f"quantization_{name}") == (default if wanted is None else wanted)

@@ -1,7 +1,8 @@
 """`--quantization int8`: an OpenVINO int8 trunk behind the engine's padded-trunk interface, certified against float32
 at start-up. Served int8 scores rank like float32 ones (real MiniLM embeddings, a tiny BERT cross-encoder); the
-certificate is exported as gauges; a worker whose certificate misses a threshold, or whose model cannot be int8,
-exits with status 3 and says why; unusable combinations are refused on the command line."""
+certificate (accuracy, and speed against float32) is exported as gauges; a worker whose certificate misses a
+threshold, or whose model cannot be int8, exits with status 3 and says why; unusable combinations are refused on
+the command line."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 from scorekeeper_worker.api.termination import EXIT_LOAD_FAILED
 from scorekeeper_worker.model.files import minilm_path
 from scorekeeper_worker.serving.probe_texts import TOPICS
-from scorekeeper_worker.serving.quantization import compare, spearman, top_agreement
+from scorekeeper_worker.serving.quantization import compare, int8_dot_product_flags, spearman, top_agreement
 from serving import RunningServer, free_port
 
 pytest.importorskip("openvino", reason="the cpu-int8 extra (scripts/install.sh test installs it)")
@@ -55,7 +56,9 @@ def test_int8_scores_rank_like_float32_and_the_certificate_is_exported(
     # near-ties; the real model is held to the default threshold.
     threshold = 0.99 if model == "minilm-embedding" else 0.9
     float32 = _scores(server_for(path))
-    int8_server = server_for(path, quantization="int8", quantization_min_spearman=threshold)
+    # Speed is the CPU's property (no int8 dot-product instructions: int8 is slower), refused in the test below.
+    int8_server = server_for(path, quantization="int8", quantization_min_spearman=threshold,
+                             quantization_min_speedup=0)
     int8 = _scores(int8_server)
     assert not np.array_equal(int8, float32)  # it is another model
     assert np.abs(int8 - float32).max() < 0.05 * (np.abs(float32).max() + 1)
@@ -64,6 +67,7 @@ def test_int8_scores_rank_like_float32_and_the_certificate_is_exported(
     assert _metric(int8_server, "scorekeeper_int8_spearman") >= threshold
     assert 0 < _metric(int8_server, "scorekeeper_int8_max_score_delta") < 0.5
     assert 0.8 <= _metric(int8_server, "scorekeeper_int8_top10_agreement") <= 1
+    assert _metric(int8_server, "scorekeeper_int8_speedup") > 0
     ranked = httpx.post(int8_server.url + "/v1/rerank", json={"query": QUERY, "documents": PASSAGES}, timeout=60)
     assert ranked.status_code == 200, ranked.text
 
@@ -94,13 +98,27 @@ def _serve(argv: list[str], tmp_path: Path) -> tuple[subprocess.CompletedProcess
     return process, termination.read_text() if termination.exists() else ""
 
 
-@pytest.mark.parametrize("case", ["certificate", "decoder"])
+def test_the_cpu_flags_for_fast_int8(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 fma avx512f avx512_vnni amx_int8\n\n"
+                       "processor\t: 1\nflags\t\t: fpu avx2 fma avx512f avx512_vnni amx_int8\n")
+    assert int8_dot_product_flags(cpuinfo) == ["avx512_vnni", "amx_int8"]
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 fma\n")
+    assert int8_dot_product_flags(cpuinfo) == []
+    assert int8_dot_product_flags(tmp_path / "absent") == []
+
+
+@pytest.mark.parametrize("case", ["certificate", "speed", "decoder"])
 def test_a_worker_that_cannot_serve_int8_exits_3_with_the_reason(case: str, tiny_model: Callable[[str], Path],
                                                                  tmp_path: Path) -> None:
     if case == "certificate":  # no int8 model is within 1e-9 of float32
         model = tiny_model("bert-cross")
         argv = ["--quantization-max-score-delta", "1e-9", "--quantization-min-top10", "0.2"]
-        expected = ["int8 accuracy certificate failed", "(--quantization-max-score-delta)", "384 query-passage pairs"]
+        expected = ["int8 certificate failed", "(--quantization-max-score-delta)", "384 query-passage pairs"]
+    elif case == "speed":  # no int8 model is 1000 times as fast as float32
+        model = tiny_model("bert-cross")
+        argv = ["--quantization-min-spearman", "-1", "--quantization-min-speedup", "1000"]
+        expected = ["int8 scored the probe set at", "(--quantization-min-speedup)", "int8 dot-product instructions"]
     else:
         model = tiny_model("qwen3-causal")
         argv = []

@@ -139,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
         "score difference (default: no bound)", type=float)
     add("--quantization-min-top10", "certificate: refuse to become ready below this share of top-10 agreement "
         "between int8 and float32 rankings (default: no bound)", type=float)
+    add("--quantization-min-speedup", "certificate: refuse to become ready when int8 scores the probe set at less "
+        "than this multiple of float32's speed (default 1: int8 must be faster; 0: no bound)", type=float)
     add("--quantization-float32-modules", "int8: comma-separated regular expressions of trunk module paths whose "
         "linear layers stay float32, for accuracy (e.g. encoder.layer.[0-2].output.dense)")
     add("--decision-template", "/v1/decisions and /v1/systemone (causal LMs): a Jinja file in the chat-template "

@@ -105,6 +105,8 @@ class WorkerMetrics:
                                    "int8 and float32 scores per probe query (mean)", registry=r)
         self.int8_top10 = Gauge("scorekeeper_int8_top10_agreement", "int8 accuracy certificate: share of the float32 "
                                 "top 10 that int8 also ranks in its top 10 (mean over probe queries)", registry=r)
+        self.int8_speedup = Gauge("scorekeeper_int8_speedup", "int8 certificate: float32 seconds / int8 seconds for "
+                                  "the probe set (after a warm-up request each)", registry=r)
         self.info = Info("scorekeeper_model", "Served model", registry=r)
         self.build_info = Info("scorekeeper_build", "Worker build: package versions", registry=r)
         # The configured budgets, so dashboards can show batch fill and queue fill as ratios.

@@ -147,6 +147,7 @@ class QuantizationCertificate(Spec):
     min_spearman: float | None = Field(None, ge=-1, le=1)
     max_score_delta: float | None = Field(None, gt=0)
     min_top10: float | None = Field(None, ge=0, le=1)
+    min_speedup: float | None = Field(None, ge=0)
 
 
 class Decisions(Spec):

@@ -5,15 +5,21 @@ so they are planned, packed and split into blocks exactly like served requests. 
 probe set (8 queries × 48 passages) through the float32 engine and through the int8 engine, both as the server
 plans requests, and compares them: the largest |Δscore|, Spearman's rank correlation of each query's 48 scores
 (the mean over the queries) and top-10 agreement (the share of each query's float32 top 10 that int8 also ranks in
-its top 10, averaged). Below `--quantization-min-spearman` (or the optional bounds on |Δscore| and top-10 agreement)
-the worker refuses to become ready, like any other load failure (exit status 3, termination message)."""
+its top 10, averaged). It also times both passes (after one warm-up request each): int8 is refused unless it scores
+the probe set at least `--quantization-min-speedup` times as fast as float32 (default 1: faster at all). OpenVINO's
+int8 matrix products need int8 dot-product instructions (AVX-512 VNNI, AVX-VNNI or AMX) to beat float32; on a CPU
+without them int8 measured 0.74-0.77x float32 (docs/benchmarks.md). Below `--quantization-min-spearman` (or the
+optional bounds) the worker refuses to become ready, like any other load failure (exit status 3, termination
+message)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -29,6 +35,7 @@ from scorekeeper_worker.serving.probe_texts import calibration_requests, certifi
 
 log = logging.getLogger(__name__)
 TOP = 10
+INT8_DOT_PRODUCT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 QUANTIZABLE = (ModelKind.CROSS_ENCODER, ModelKind.EMBEDDING)  # encoders (classifier kinds are decoders)
 
 
@@ -38,7 +45,8 @@ class Certificate:
     spearman: float
     top10: float
     pairs: int
-    seconds: float  # calibration, quantization and both scoring passes
+    speedup: float  # float32 seconds / int8 seconds for the probe set
+    seconds: float  # calibration, quantization and the scoring passes
 
 
 class CertificateFailed(RuntimeError):
@@ -99,14 +107,15 @@ def top_agreement(reference: list[float], other: list[float], top: int = TOP) ->
     return len(best & set(np.argsort(-np.asarray(other), kind="stable")[:top].tolist())) / min(top, len(reference))
 
 
-def compare(reference: list[list[float]], other: list[list[float]], seconds: float = 0.0) -> Certificate:
+def compare(reference: list[list[float]], other: list[list[float]], speedup: float = 1.0,
+            seconds: float = 0.0) -> Certificate:
     """Per-query rankings of float32 (`reference`) and int8 scores → the certificate."""
     deltas = [abs(a - b) for ref, oth in zip(reference, other, strict=True) for a, b in zip(ref, oth, strict=True)]
     return Certificate(
         max_score_delta=max(deltas),
         spearman=float(np.mean([spearman(ref, oth) for ref, oth in zip(reference, other, strict=True)])),
         top10=float(np.mean([top_agreement(ref, oth) for ref, oth in zip(reference, other, strict=True)])),
-        pairs=len(deltas), seconds=seconds)
+        pairs=len(deltas), speedup=speedup, seconds=seconds)
 
 
 def check(certificate: Certificate, config: WorkerConfig) -> None:
@@ -121,12 +130,18 @@ def check(certificate: Certificate, config: WorkerConfig) -> None:
     if config.quantization_min_top10 is not None and not certificate.top10 >= config.quantization_min_top10:
         failed.append(f"top-10 agreement {certificate.top10:.3f} < {config.quantization_min_top10} "
                       "(--quantization-min-top10)")
+    if not certificate.speedup >= config.quantization_min_speedup:
+        flags = ", ".join(int8_dot_product_flags()) or "none (no AVX-512 VNNI, AVX-VNNI or AMX)"
+        cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
+        failed.append(f"int8 scored the probe set at {certificate.speedup:.2f}× the speed of float32 < "
+                      f"{config.quantization_min_speedup} (--quantization-min-speedup); this CPU's int8 dot-product "
+                      f"instructions: {flags}{f' (capped by ONEDNN_MAX_CPU_ISA={cap})' if cap else ''}")
     if failed:
         raise CertificateFailed(
-            f"int8 accuracy certificate failed against float32 on the fixed probe set ({certificate.pairs} "
+            f"int8 certificate failed against float32 on the fixed probe set ({certificate.pairs} "
             f"query-passage pairs): {'; '.join(failed)}. The int8 model would rank differently from the float32 "
-            "model, so the worker refuses to serve it; run without --quantization (float32), or lower the threshold "
-            "if this accuracy is acceptable.")
+            "model or run slower, so the worker refuses to serve it; run without --quantization (float32), or lower "
+            "the threshold if this is acceptable.")
 
 
 def int8_executor(model: ScoringModel, reference: Executor, config: WorkerConfig,
@@ -141,10 +156,29 @@ def int8_executor(model: ScoringModel, reference: Executor, config: WorkerConfig
     float32_modules = config.quantization_float32_modules or ()
     executor = Executor(model, trunk=quantize(model, recording.blocks, threads, float32_modules))
     requests = certificate_requests()
-    float32 = text_scores(model, reference, requests, config.max_batch_tokens)
-    int8 = text_scores(model, executor, requests, config.max_batch_tokens)
-    certificate = compare(float32, int8, time.perf_counter() - started)
-    log.info("int8 accuracy certificate: max |Δscore| %.3g, Spearman %.4f, top-10 agreement %.3f on %d pairs "
-             "(%.1f s)", certificate.max_score_delta, certificate.spearman, certificate.top10, certificate.pairs,
-             certificate.seconds)
+    float32, float32_seconds = _timed_scores(model, reference, requests, config.max_batch_tokens)
+    int8, int8_seconds = _timed_scores(model, executor, requests, config.max_batch_tokens)
+    certificate = compare(float32, int8, float32_seconds / int8_seconds, time.perf_counter() - started)
+    log.info("int8 certificate: max |Δscore| %.3g, Spearman %.4f, top-10 agreement %.3f on %d pairs, "
+             "%.2f× the speed of float32 (%.1f s)", certificate.max_score_delta, certificate.spearman,
+             certificate.top10, certificate.pairs, certificate.speedup, certificate.seconds)
     return executor, certificate
+
+
+def _timed_scores(model: ScoringModel, executor: Executor, requests: list[tuple[str, list[str]]],
+                  max_batch_tokens: int) -> tuple[list[list[float]], float]:
+    """`text_scores` and its seconds, after one request as a warm-up (first calls build kernels for new shapes)."""
+    text_scores(model, executor, requests[:1], max_batch_tokens)
+    started = time.perf_counter()
+    scores = text_scores(model, executor, requests, max_batch_tokens)
+    return scores, time.perf_counter() - started
+
+
+def int8_dot_product_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
+    """The CPU's int8 dot-product instruction sets among those OpenVINO's fast int8 kernels use."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return []
+    flags = next((set(line.split(":", 1)[1].split()) for line in text.splitlines() if line.startswith("flags")), set())
+    return [flag for flag in INT8_DOT_PRODUCT_FLAGS if flag in flags]

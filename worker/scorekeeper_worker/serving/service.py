@@ -180,6 +180,7 @@ class ScoringService:
         self.metrics.int8_max_score_delta.set(certificate.max_score_delta)
         self.metrics.int8_spearman.set(certificate.spearman)
         self.metrics.int8_top10.set(certificate.top10)
+        self.metrics.int8_speedup.set(certificate.speedup)
         quantization.check(certificate, self.config)
         return executor
 
