@@ -111,6 +111,12 @@ def fused_kernel(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
+def _causal(q: torch.Tensor) -> RowMask:
+    """Plain causality over one row of q's length, as a mask (for the paths that materialise one)."""
+    index = torch.arange(q.shape[-2], device=q.device)[None]
+    return RowMask(index, index, None, True, None, contiguous=True)
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask | None, causal: bool, scale: float,
            softcap: float | None, explicit: bool = False,
            query_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,8 +127,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask | None,
     if not explicit and (mask is None or not mask.fused_needs_bias):
         return _flash_cpu(q, k, v, 0.0, causal, scale=scale)
     if mask is None and causal:
-        index = torch.arange(q.shape[-2], device=q.device)[None]
-        mask = RowMask(index, index, None, True, None, contiguous=True)
+        mask = _causal(q)
     rows, heads, queries, _ = q.shape
     keys = k.shape[-2]
     per_query = rows * keys * (heads if explicit else 1)
@@ -161,8 +166,7 @@ def attend_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask 
     if softcap is not None or not fused_kernel(q.device) or q.dtype != torch.float32 or keys > BATCHED_MAX_KEYS:
         return attend(q, k, v, mask, causal, scale, softcap)[0]
     if mask is None and causal:
-        index = torch.arange(queries, device=q.device)[None]
-        mask = RowMask(index, index, None, True, None, contiguous=True)
+        mask = _causal(q)
     query_step = min(queries, max(1, BATCHED_TILE // (heads * keys)))
     row_step = max(1, BATCHED_TILE // (heads * query_step * keys))
     outputs = []

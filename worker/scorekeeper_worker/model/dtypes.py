@@ -44,14 +44,19 @@ def cpu_flags(cpuinfo: str) -> set[str]:
     return flags
 
 
+def host_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """This machine's CPU feature flags; none where /proc/cpuinfo cannot be read."""
+    try:
+        return cpu_flags(cpuinfo.read_text())
+    except OSError:
+        return set()
+
+
 def detect_hardware(device: Device) -> Hardware:
     if device == Device.CUDA:  # the only GPU-specific branch
         name = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
         return Hardware(device, torch.cuda.is_available() and torch.cuda.is_bf16_supported(), name)
-    try:
-        flags = cpu_flags(Path("/proc/cpuinfo").read_text())
-    except OSError:
-        flags = set()
+    flags = host_cpu_flags()
     found = sorted(flags & CPU_BF16_FLAGS)
     return Hardware(device, bool(found), f"CPU ({', '.join(found) if found else 'no bfloat16 instructions'})",
                     amx=bool(flags & CPU_AMX_FLAGS))

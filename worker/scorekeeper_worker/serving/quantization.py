@@ -29,6 +29,7 @@ from scorekeeper_worker.engine.executor import Executor
 from scorekeeper_worker.engine.int8_trunk import RecordingTrunk, quantize
 from scorekeeper_worker.engine.jobs import ScoreJob
 from scorekeeper_worker.engine.packing import PackUnit
+from scorekeeper_worker.model.dtypes import host_cpu_flags
 from scorekeeper_worker.model.loader import ModelKind, ScoringModel
 from scorekeeper_worker.planning.planner import plan, tokenize
 from scorekeeper_worker.serving.probe_texts import calibration_requests, certificate_requests
@@ -176,9 +177,5 @@ def _timed_scores(model: ScoringModel, executor: Executor, requests: list[tuple[
 
 def int8_dot_product_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
     """The CPU's int8 dot-product instruction sets among those OpenVINO's fast int8 kernels use."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return []
-    flags = next((set(line.split(":", 1)[1].split()) for line in text.splitlines() if line.startswith("flags")), set())
+    flags = host_cpu_flags(cpuinfo)
     return [flag for flag in INT8_DOT_PRODUCT_FLAGS if flag in flags]
