@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/gpu_check.py                                   # tiny test models, float32 and bfloat16
     .venv/bin/python bench/gpu_check.py --model /models/reranker --dtype bfloat16 --buckets 256,512,1024,2048
+    .venv/bin/python bench/gpu_check.py --model .cache/models/qwen3-0.6b-geometry --dtype bfloat16 \
+        --buckets 256,512,1024,2048,4096 --max-seqs 256 --mis-shapes 512x100,128x100,512x10
     .venv/bin/python bench/gpu_check.py --cpu-dry-run --quick             # the script itself, on CPU, capture off
     .venv/bin/python -m pytest -m cuda tests/worker/test_cuda.py          # the same checks as tests
 
@@ -13,7 +15,9 @@ For each model, dtype and graph layout (dense: `--attention-backend sdpa`; flex:
 3. compiled FlexAttention equals the row-block reference (eager);
 4. latency at small batches: graph (pack, copy into buffers, replay) against eager (pack, forward), medians;
 5. copy overhead of pooled hidden states: pinned + non-blocking + CUDA events (`device_copy.host_vectors`) against
-   a plain `.cpu().tolist()`.
+   a plain `.cpu().tolist()`;
+6. decoders: multi-item scoring throughput (bench/gpu_mis.py): items/s of MIS (eager, and replayed through each
+   layout's graphs where a bucket fits) against single-item packing, and MIS rows equal to single-item rows.
 Prints a summary, writes JSON (--out), exits 1 if any check failed.
 """
 
@@ -35,6 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "worker"), str(REPO / "tests"), str(REPO / "tests" / "worker")]
 
 import torch  # noqa: E402
+from gpu_mis import mis_throughput, parse_shapes  # noqa: E402
 from scorekeeper_worker.config import DType  # noqa: E402
 from scorekeeper_worker.engine.cuda_graphs import GraphRunner  # noqa: E402
 from scorekeeper_worker.engine.device_copy import host_vectors  # noqa: E402
@@ -102,7 +107,7 @@ def latency_batches(model: ScoringModel) -> dict[str, list[PackUnit]]:
 
 
 def check_layout(model: ScoringModel, kind: LayoutKind, buckets: tuple[int, ...], max_seqs: int, reps: int,
-                 capture: bool) -> dict[str, Any]:
+                 capture: bool) -> tuple[dict[str, Any], GraphRunner]:
     from test_graph_shaped import batches_for
 
     device = model.device
@@ -127,7 +132,7 @@ def check_layout(model: ScoringModel, kind: LayoutKind, buckets: tuple[int, ...]
                 out["failures"].append(f"bucket {bucket.tokens}: capture failed (see the log)")
                 continue
             for name, units in batches_for(model, bucket.tokens, DELIMITER if model.is_decoder else None,
-                                           buckets).items():
+                                           buckets, max_seqs).items():
                 batch = runner.load(bucket, units)
                 live = len(batch.owners)
                 replayed = runner.forward(bucket)[:live].clone()
@@ -158,7 +163,7 @@ def check_layout(model: ScoringModel, kind: LayoutKind, buckets: tuple[int, ...]
             graph_ms, eager_ms = median_ms(graph, device, reps), median_ms(eager, device, reps)
             out["latency_ms"][name] = {"bucket": bucket.tokens, "graph": round(graph_ms, 3),
                                        "eager": round(eager_ms, 3), "speedup": round(eager_ms / graph_ms, 2)}
-    return out
+    return out, runner
 
 
 def check_flex(model: ScoringModel) -> dict[str, Any]:
@@ -178,7 +183,9 @@ def check_copies(model: ScoringModel, reps: int) -> dict[str, Any]:
     device = model.device
     out: dict[str, Any] = {}
     for count in (1, 16, 256):
-        rows = torch.randn(count, model.hidden_size, device=device, dtype=model.dtype)
+        # Not torch.randn: after a failed capture the CUDA generator can refuse every later draw.
+        rows = (torch.arange(count * model.hidden_size, device=device, dtype=torch.float32) / 997).sin()
+        rows = rows.view(count, model.hidden_size).to(model.dtype)
         measured = statistics.median(host_vectors(rows)[1] * 1000 for _ in range(reps))
         plain = median_ms(lambda rows=rows: rows.cpu().float().tolist(), device, reps)
         values_ok = host_vectors(rows)[0] == rows.float().cpu().tolist()
@@ -191,11 +198,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", action="append", type=Path,
                         help="model directory (repeatable; default: tiny models)")
+    parser.add_argument("--tiny", action="append", choices=TINY, help="repeatable; default: all three tiny models")
     parser.add_argument("--dtype", action="append", choices=["float32", "bfloat16"],
                         help="repeatable; default float32 and bfloat16")
     parser.add_argument("--buckets", default="64,128,256,512,1024", help="comma-separated token buckets")
     parser.add_argument("--max-seqs", type=int, default=64)
     parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--mis-shapes", default="512x100,128x100,512x10",
+                        help="decoders: multi-item throughput shapes, query tokens x items (items of --item-len)")
+    parser.add_argument("--item-len", type=int, default=16)
+    parser.add_argument("--max-batch-tokens", type=int, default=8192, help="single-item forwards' token budget")
     parser.add_argument("--quick", action="store_true", help="few repetitions, float32 only, one tiny model")
     parser.add_argument("--cpu-dry-run", action="store_true", help="run on CPU with capture off (tests the script)")
     parser.add_argument("--out", type=Path, default=Path("gpu_check.json"))
@@ -207,6 +219,7 @@ def main() -> int:
         return 2
     buckets = tuple(int(b) for b in args.buckets.split(","))
     reps = 3 if args.quick else args.reps
+    mis_shapes = parse_shapes("64x10" if args.quick else args.mis_shapes)
     dtypes = args.dtype or (["float32"] if args.quick or args.cpu_dry_run else ["float32", "bfloat16"])
     if args.model:
         models = [(str(path), path) for path in args.model]
@@ -214,7 +227,8 @@ def main() -> int:
         import tiny_models
 
         tiny_dir = Path(tempfile.mkdtemp(prefix="gpu-check-"))
-        models = [(name, tiny_models.build(name, tiny_dir)) for name in (TINY[:1] if args.quick else TINY)]
+        names = args.tiny or (TINY[:1] if args.quick else TINY)
+        models = [(name, tiny_models.build(name, tiny_dir)) for name in names]
 
     report: dict[str, Any] = {"environment": environment(device), "buckets": buckets, "runs": []}
     failures: list[str] = []
@@ -230,22 +244,32 @@ def main() -> int:
                 run["flex_vs_sdpa"] = check_flex(model)
                 if not run["flex_vs_sdpa"]["ok"]:
                     failures.append(f"{label}: flex differs from sdpa ({run['flex_vs_sdpa']['max_abs_diff']:.3g})")
+                runners: dict[str, GraphRunner] = {}
                 for kind in (LayoutKind.DENSE, LayoutKind.FLEX):
                     log(f"{label}: {kind.value} graphs")
-                    result = check_layout(model, kind, buckets, args.max_seqs, reps, capture=device.type == "cuda")
+                    result, runners[kind.value] = check_layout(model, kind, buckets, args.max_seqs, reps,
+                                                               capture=device.type == "cuda")
                     run[kind.value] = result
                     failures += [f"{label} {kind.value}: {f}" for f in result["failures"]]
                 run["copies"] = check_copies(model, reps)
                 failures += [f"{label}: pinned copy returned wrong values ({n} rows)"
                              for n, c in run["copies"].items() if not c["values_ok"]]
+                if model.is_decoder:
+                    log(f"{label}: multi-item throughput")
+                    run["mis"] = mis_throughput(model, mis_shapes, args.item_len, DELIMITER, args.max_batch_tokens,
+                                                runners, lambda fn: median_ms(fn, device, reps),
+                                                TOLERANCE.get(model.dtype, (3e-2, 3e-2)))
+                    failures += [f"{label}: multi-item rows differ from single-item rows at {shape} "
+                                 f"({m['max_abs_diff']:.3g})" for shape, m in run["mis"].items() if not m["ok"]]
+                del runners
             except Exception as error:
                 run["error"] = traceback.format_exc()
                 failures.append(f"{label}: {type(error).__name__}: {error}")
             del model
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    report["failures"] = failures
-    args.out.write_text(json.dumps(report, indent=2))
+            report["failures"] = failures
+            args.out.write_text(json.dumps(report, indent=2))  # after every run: a later crash keeps this one
 
     print(f"\n{json.dumps(report['environment'])}")
     for run in report["runs"]:
@@ -261,6 +285,10 @@ def main() -> int:
                       f"  ×{t['speedup']}")
         for count, c in run.get("copies", {}).items():
             print(f"    copy {count:>4} vectors: helper {c['helper_ms']} ms, plain {c['plain_cpu_tolist_ms']} ms")
+        for shape, m in run.get("mis", {}).items():
+            arms = "  ".join(f"{arm} {rate:,.0f}" for arm, rate in m["items_per_s"].items())
+            print(f"    MIS {shape:>8} items/s: {arms}  (MIS/single ×{m['mis_over_single']}, "
+                  f"|Δ| {m['max_abs_diff']:.2g})")
     print("\nFAILURES:\n  " + "\n  ".join(failures) if failures else "\nall checks passed")
     print(f"report: {args.out}")
     return 1 if failures else 0

@@ -15,10 +15,11 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import scorekeeper_worker.kernels.tiled as tiled
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 from scorekeeper_worker.config import DType
-from scorekeeper_worker.engine.cuda_graphs import GraphRunner
+from scorekeeper_worker.engine.cuda_graphs import GraphRunner, probe_units
 from scorekeeper_worker.engine.forward import pooled_rows
 from scorekeeper_worker.engine.packing import GraphShape, PackUnit, Pool, build_inputs, fits
 from scorekeeper_worker.kernels.attention import LayoutKind
@@ -62,13 +63,15 @@ def _multi_item(rng: random.Random, model: ScoringModel, query: int, items: list
     return unit
 
 
-def batches_for(model: ScoringModel, bucket: int, delimiter: int | None,
-                buckets: tuple[int, ...] = BUCKETS) -> dict[str, list[PackUnit]]:
+def batches_for(model: ScoringModel, bucket: int, delimiter: int | None, buckets: tuple[int, ...] = BUCKETS,
+                max_seqs: int = MAX_SEQS) -> dict[str, list[PackUnit]]:
     """Batches of one kind each (single-item, multi-item, mixed), sized to land in `bucket` of `buckets` (more
-    tokens than the next smaller bucket holds). Also used by test_cuda.py."""
+    tokens than the next smaller bucket holds) with at most `max_seqs` pooled vectors. Also used by test_cuda.py
+    and bench/gpu_check.py."""
     rng = random.Random(bucket)
     low = max((b for b in buckets if b < bucket), default=0)
     target = rng.randint(max(low + 1, 24), bucket)
+    longest_item = max(8, 4 * target // max_seqs)  # items average ≥ 2·target/max_seqs tokens: ≤ max_seqs/2 of them
 
     def lengths(total: int, longest: int) -> list[int]:
         out: list[int] = []
@@ -81,7 +84,7 @@ def batches_for(model: ScoringModel, bucket: int, delimiter: int | None,
         items: list[int] = [] if extra else [0]  # an empty item, scored at the query's last token
         used = query + extra
         while used + 1 + extra <= total:
-            items.append(min(rng.randint(1, 8), total - used - extra))
+            items.append(min(rng.randint(1, longest_item), total - used - extra))
             used += items[-1] + extra
         return _multi_item(rng, model, query, items, delimiter)
 
@@ -94,6 +97,7 @@ def batches_for(model: ScoringModel, bucket: int, delimiter: int | None,
     for name, units in batches.items():
         tokens = sum(u.num_tokens for u in units)
         assert low < tokens <= bucket, (name, tokens, bucket)
+        assert sum(len(u.pools) for u in units) <= max_seqs, (name, bucket, max_seqs)
     return batches
 
 
@@ -138,6 +142,30 @@ def test_padded_batches_equal_unpadded_ones_in_every_bucket(name: str, models: C
                 assert torch.equal(padded[:live], unpadded), f"{name} {kind} bucket {bucket.tokens}"
                 reference = pooled_rows(model, build_inputs(units, CPU))  # row blocks, the eager path
                 torch.testing.assert_close(padded[:live], reference, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["cpu-kernels", "gpu-kernels"])
+@pytest.mark.parametrize("name", ["qwen3-cls3", "gemma2-reward", "bert-embed", "xlmr-cross", "modernbert-cross"])
+def test_capture_probe_agrees_with_row_blocks(name: str, fused: bool, models: Callable[[str], ScoringModel],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch that checks every capture (plain sequences and a multi-item group, encoders included) gives the row
+    blocks' rows on the padded path of both layouts, also with the kernels a GPU runs (no fused CPU kernel). On an
+    H200 it refused every float32 bert-embed bucket: the row blocks ran encoder items causally, the token layouts
+    bidirectionally, as the model runs a row."""
+    if not fused:
+        monkeypatch.setattr(tiled, "fused_kernel", lambda device: False)
+    model = models(name)
+    vocab = model.model.get_input_embeddings().num_embeddings
+    for kind in (LayoutKind.DENSE, LayoutKind.FLEX):
+        runner = _runner(model, kind)
+        with torch.inference_mode():
+            for bucket in runner.buckets:
+                units = probe_units(bucket.shape, vocab, model.position_start)
+                batch = runner.load(bucket, units)
+                padded = runner.forward(bucket)[: len(batch.owners)]
+                reference = pooled_rows(model, build_inputs(units, CPU))
+                torch.testing.assert_close(padded, reference, rtol=1e-5, atol=1e-5, msg=f"{kind} {bucket.tokens}")
+                runner._check(bucket)  # the capture's own check, at its tolerance
 
 
 @pytest.mark.parametrize("kind", [LayoutKind.DENSE, LayoutKind.FLEX])

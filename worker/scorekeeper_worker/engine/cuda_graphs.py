@@ -102,7 +102,10 @@ class GraphRunner:
         self.on_capture_failure = on_capture_failure
         shapes = [GraphShape(tokens, max_seqs, model.uses_token_types, pad_token)
                   for tokens in sorted(set(buckets)) if tokens <= max_tokens]
-        self.buckets = [Bucket(shape, build_inputs([], model.device, kind, shape)) for shape in shapes]
+        # Inference tensors, like every eager batch: compiled kernels (flex) guard on the tensors' dispatch keys, so
+        # plain tensors here would compile every variant a second time.
+        with torch.inference_mode():
+            self.buckets = [Bucket(shape, build_inputs([], model.device, kind, shape)) for shape in shapes]
 
     def select(self, units: list[PackUnit]) -> Bucket | None:
         """The smallest usable bucket the batch fits, or None (run eager)."""
@@ -142,6 +145,9 @@ class GraphRunner:
                 self._check(bucket)
             except Exception as error:  # one bad bucket must never stop the worker: it runs eager
                 bucket.graph, bucket.output, bucket.disabled = None, None, True
+                # A pool lives as long as a graph holds it, and a failed capture can leave it inconsistent: the next
+                # bucket starts a new one (reusing it failed every later capture with an allocator assert on an H200).
+                pool = None
                 log.error("CUDA graph capture of the %d-token bucket failed, its batches run eager: %s: %s",
                           bucket.tokens, type(error).__name__, error)
                 if self.on_capture_failure is not None:

@@ -144,11 +144,12 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     for i, block in enumerate(layout.item_blocks):
         assert contexts is not None
         to_query_mask = layout.cached(("to-query", i, window), lambda b=block: _to_query_mask(b, contexts, window))
-        mask = layout.cached(("item", i, window), lambda b=block: RowMask(
-            b.positions, b.positions, _valid(b) if b.padded else None, True, window, contiguous=True))
+        # An item sees its own tokens as its model sees a row (causally in decoders), as `token_allowed` says.
+        mask = layout.cached(("item", i, causal, window), lambda b=block: RowMask(
+            b.positions, b.positions, _valid(b) if b.padded else None, causal, window, contiguous=True))
         qr, kr, vr = (_rows(t, block.token_index, g) for t, g in ((q, 1), (k, groups), (v, groups)))
         to_query = _item_to_query(qr, kc, vc, block, contexts, to_query_mask, scale, softcap)  # type: ignore[arg-type]
-        to_item = attend(qr, kr, vr, mask, True, scale, softcap)  # type: ignore[arg-type]
+        to_item = attend(qr, kr, vr, mask, causal, scale, softcap)  # type: ignore[arg-type]
         if block.parents is None:
             _put(out, block, merge(to_query, to_item))
             continue

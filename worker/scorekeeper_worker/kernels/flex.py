@@ -31,7 +31,12 @@ log = logging.getLogger(__name__)
 
 BLOCK_SIZE = 128  # FlexAttention's tile size (its default)
 MIN_HEAD_DIM = 16  # Triton's dot products need K >= 16: smaller heads are zero-padded (dot products unchanged)
+# Compiled variants of flex_attention one process may need: dtypes × head layouts × score_mods × graph/eager. Past
+# torch's default of 8, dynamo silently runs flex_attention unfused: slow, and it copies host scalars, which a
+# CUDA-graph capture refuses (seen on an H200 when one process loaded several models).
+RECOMPILE_LIMIT = 64
 _compiled: Any = None
+_softcaps: dict[tuple[torch.device, float], torch.Tensor] = {}
 
 
 def _flex(device: torch.device) -> Any:
@@ -39,8 +44,21 @@ def _flex(device: torch.device) -> Any:
     if device.type != "cuda":
         return flex_attention
     if _compiled is None:
+        import torch._dynamo.config as dynamo_config
+
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
         _compiled = torch.compile(flex_attention, dynamic=True)
     return _compiled
+
+
+def _softcap_tensor(value: float, device: torch.device) -> torch.Tensor:
+    """The soft-capping constant as a device tensor that `score_mod` captures. A Python float in the closure becomes,
+    under dynamic shapes, a host float64 scalar copied to the GPU at every call: a CUDA-graph capture refuses that
+    copy, and Inductor's lowering of flex_attention fails on it (seen on an H200). One tensor per value, reused."""
+    key = (device, value)
+    if key not in _softcaps:
+        _softcaps[key] = torch.full((), value, dtype=torch.float32, device=device)
+    return _softcaps[key]
 
 
 def flex_available(device: torch.device) -> tuple[bool, str]:
@@ -162,7 +180,7 @@ def flex_packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.T
 
     score_mod = None
     if softcap is not None:
-        cap = softcap
+        cap = _softcap_tensor(softcap, query.device)
 
         def score_mod(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q: torch.Tensor,
                       kv: torch.Tensor) -> torch.Tensor:
