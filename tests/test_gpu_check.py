@@ -8,20 +8,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import tiny_models
 import torch
+from scorekeeper_worker.config import DType
+from scorekeeper_worker.engine.forward import pooled_rows
+from scorekeeper_worker.engine.packing import build_inputs
+from scorekeeper_worker.model.loader import load_model
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 
-import gpu_mis
-from scorekeeper_worker.config import DType
-from scorekeeper_worker.engine.packing import build_inputs
-from scorekeeper_worker.model.loader import load_model
+import gpu_mis  # noqa: E402
 
 
 def test_mis_batch_is_the_single_item_sequences(tmp_path: Path) -> None:
-    import tiny_models
-
     model = load_model(tiny_models.build("qwen3-cls3", tmp_path), DType.FLOAT32, "cpu", "qwen3-cls3")
     unit, singles = gpu_mis.mis_batch(model, query_len=20, items=7, item_len=5, delimiter=3)
     assert unit.num_tokens == 21 + 7 * 6 and [u.num_tokens for u in singles] == [25] * 7
@@ -30,8 +30,6 @@ def test_mis_batch_is_the_single_item_sequences(tmp_path: Path) -> None:
     batches = gpu_mis.chunked(singles, max_tokens=60)
     assert [len(b) for b in batches] == [2, 2, 2, 1]
     with torch.inference_mode():
-        from scorekeeper_worker.engine.forward import pooled_rows
-
         mis = pooled_rows(model, build_inputs([unit], model.device))
         single = torch.cat([pooled_rows(model, build_inputs(b, model.device)) for b in batches])
     torch.testing.assert_close(mis, single, rtol=1e-5, atol=1e-5)
