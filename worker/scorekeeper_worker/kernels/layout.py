@@ -5,8 +5,8 @@ A packed batch is one row of T tokens. Its layout, computed on the host (see `en
   token attends within its own row (causally for decoders);
 - item rows: the items of a multi-item group; an item token attends to its group's query (`item_contexts`: the
   query tokens items may see, without the delimiter) and to its own item (causally for decoders). Items never see
-  each other, and a delimiter token is kept out of every other token's view by placing it last in its row, after
-  every token that could see it;
+  each other, and in decoders (the only models serving sends multi-item units) a delimiter token is kept out of
+  every other token's view by placing it last in its row, after every token that could see it;
 - child item rows (decisions: an option's answer tokens after its question): an item that also sees every token of
   one earlier item of its group, its parent (`ItemBlock.parents`), so a group is a tree of depth two: query →
   question → options. The parent's tokens come between the query and the child in positions, as in the flat
