@@ -154,10 +154,10 @@ def step_rows(steps: list[Step], slo_ms: float) -> list[list[str]]:
     rows = []
     for s in steps:
         v = s.server
-        server = ["—"] * 5 if v is None else [
+        server = ["—"] * 6 if v is None else [
             f"{100 * v.queue_share:.0f} %", f"{100 * v.tokenize_share:.1f} %", f"{100 * v.model_busy:.0f} %",
             f"{v.gc_collections} / {v.gc_full_collections} / {v.gc_pause_total_ms:.0f} ms / ≤ {_ms(v.gc_pause_max_ms)}",
-            f"{v.tokens_per_s:.0f}"]
+            f"{v.tokens_per_s:.0f}", f"{100 * v.graph_share:.0f} %"]
         rows.append([s.arm, f"{s.qps:.3g}", f"{s.ok}/{s.sent}", str(s.rejected), str(s.errors + s.unfinished),
                      _ms(s.p50_ms), _ms(s.p99_ms), _ms(s.p999_ms), f"{s.items_per_s:.3g}", *server,
                      f"{s.send_lag_max_ms:.0f}", f"{s.load_avg:.1f}", "yes" if s.meets(slo_ms) else "no"])
@@ -165,8 +165,8 @@ def step_rows(steps: list[Step], slo_ms: float) -> list[list[str]]:
 
 
 STEP_HEADER = ["arm", "QPS", "ok/sent", "429", "failed", "p50 ms", "p99 ms", "p99.9 ms", "items/s", "queue share",
-               "tokenize share", "model busy", "GC n / full / total / max", "tokens/s", "send lag ms", "load",
-               "meets SLO"]
+               "tokenize share", "model busy", "GC n / full / total / max", "tokens/s", "graph share", "send lag ms",
+               "load", "meets SLO"]
 
 
 def summary(arms: list[Arm], steps: dict[str, list[Step]], mix: Mix, slo_ms: float) -> dict[str, object]:

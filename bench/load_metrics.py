@@ -5,7 +5,9 @@
   end-to-end; `tokenize_busy` is the same sum over the step's wall time (how much of a core it took);
 - model busy: Σ (`forward` + `scoring`) per batch over wall time, the model thread's utilisation (1.0 = saturated);
 - GC: collections, total pause, the largest pause (as the upper bound of its histogram bucket), full collections;
-- tokens/s through the model (`scorekeeper_prompt_tokens_total`).
+- tokens/s through the model (`scorekeeper_prompt_tokens_total`);
+- graph share: the step's forward batches replayed through a captured CUDA graph (`path="graph"`) over all of them
+  (eager and padded-without-capture included); whether graph buckets were what served the load.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class ServerView:
     gc_pause_total_ms: float
     gc_pause_max_ms: float  # an upper bound: the smallest bucket holding every pause of the step (inf: > 1 s)
     tokens_per_s: float
+    graph_share: float  # 0 when graphs are off or no batch ran
 
 
 def _largest_pause_bound(before: Sample, after: Sample) -> float:
@@ -64,6 +67,8 @@ def view(before: Sample, after: Sample, wall_s: float) -> ServerView:
     stage = "scorekeeper_stage_duration_seconds_sum"
     end_to_end = delta(stage, stage="end_to_end")
     tokenize = delta(stage, stage="tokenize")
+    runs = "scorekeeper_cuda_graph_runs_total"
+    batches = delta(runs)
     return ServerView(
         queue_share=delta(stage, stage="queue") / end_to_end if end_to_end else 0.0,
         tokenize_share=tokenize / end_to_end if end_to_end else 0.0,
@@ -74,4 +79,5 @@ def view(before: Sample, after: Sample, wall_s: float) -> ServerView:
         gc_pause_total_ms=1000 * delta("scorekeeper_gc_pause_seconds_sum"),
         gc_pause_max_ms=1000 * _largest_pause_bound(before, after),
         tokens_per_s=delta("scorekeeper_prompt_tokens_total") / wall_s if wall_s else 0.0,
+        graph_share=delta(runs, path="graph") / batches if batches else 0.0,
     )

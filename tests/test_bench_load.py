@@ -175,6 +175,8 @@ def test_server_view_from_two_scrapes_of_the_real_metrics() -> None:
     metrics.gc_pauses.labels("0").observe(0.0003)
     metrics.gc_pauses.labels("2").observe(0.2)
     metrics.prompt_tokens.inc(1000)
+    metrics.graph_runs.labels("graph", "256").inc(3)
+    metrics.graph_runs.labels("eager", "none").inc()
     server = view(before, parse(generate_latest(metrics.registry).decode()), wall_s=10.0)
     assert server.queue_share == pytest.approx(0.25) and server.tokenize_share == pytest.approx(0.05)
     assert server.tokenize_busy == pytest.approx(0.04) and server.model_busy == pytest.approx(0.6)
@@ -182,8 +184,9 @@ def test_server_view_from_two_scrapes_of_the_real_metrics() -> None:
     assert server.gc_pause_total_ms == pytest.approx(200.3)
     assert server.gc_pause_max_ms == pytest.approx(250.0)  # the 0.25 s bucket holds the largest pause
     assert server.tokens_per_s == pytest.approx(100.0)
+    assert server.graph_share == pytest.approx(0.75)  # 3 of 4 batches replayed a graph
     idle = view(before, before, wall_s=0.0)  # a step with no request
-    assert (idle.model_busy, idle.tokenize_share, idle.gc_collections) == (0.0, 0.0, 0)
+    assert (idle.model_busy, idle.tokenize_share, idle.gc_collections, idle.graph_share) == (0.0, 0.0, 0, 0.0)
 
 
 def test_preset_shapes_and_token_ratio() -> None:
