@@ -239,12 +239,12 @@ def main() -> int:
             run: dict[str, Any] = {"model": name, "dtype": dtype}
             report["runs"].append(run)
             model = None
+            runners: dict[str, GraphRunner] = {}
             try:
                 model = load_model(path, DType(dtype), device.type, name)
                 run["flex_vs_sdpa"] = check_flex(model)
                 if not run["flex_vs_sdpa"]["ok"]:
                     failures.append(f"{label}: flex differs from sdpa ({run['flex_vs_sdpa']['max_abs_diff']:.3g})")
-                runners: dict[str, GraphRunner] = {}
                 for kind in (LayoutKind.DENSE, LayoutKind.FLEX):
                     log(f"{label}: {kind.value} graphs")
                     result, runners[kind.value] = check_layout(model, kind, buckets, args.max_seqs, reps,
@@ -261,11 +261,10 @@ def main() -> int:
                                                 TOLERANCE.get(model.dtype, (3e-2, 3e-2)))
                     failures += [f"{label}: multi-item rows differ from single-item rows at {shape} "
                                  f"({m['max_abs_diff']:.3g})" for shape, m in run["mis"].items() if not m["ok"]]
-                del runners
             except Exception as error:
                 run["error"] = traceback.format_exc()
                 failures.append(f"{label}: {type(error).__name__}: {error}")
-            del model
+            del model, runners  # the graphs' memory, before the next model
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             report["failures"] = failures
