@@ -123,9 +123,14 @@ def _runner(model: ScoringModel, kind: LayoutKind = LayoutKind.DENSE, pad_token:
 # qwen3: GQA; gemma2: attention softcapping; mistral: a sliding window shorter than the batches; bert-embed: encoder,
 # mean pooling; xlmr-cross: positions starting at 2, first-token pooling; bert-cross: token types; modernbert-cross:
 # symmetric local windows shorter than the batches.
+@pytest.mark.parametrize("fused", [True, False], ids=["cpu-kernels", "gpu-kernels"])
 @pytest.mark.parametrize("name", ["qwen3-cls3", "gemma2-reward", "mistral-cls3", "bert-embed", "xlmr-cross",
                                   "bert-cross", "modernbert-cross"])
-def test_padded_batches_equal_unpadded_ones_in_every_bucket(name: str, models: Callable[[str], ScoringModel]) -> None:
+def test_padded_batches_equal_unpadded_ones_in_every_bucket(name: str, fused: bool,
+                                                            models: Callable[[str], ScoringModel],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    if not fused:  # the row blocks as a GPU runs them: explicit float32 tiles, no fused CPU kernel
+        monkeypatch.setattr(tiled, "fused_kernel", lambda device: False)
     model = models(name)
     runner = _runner(model)
     assert not runner.capture_enabled
