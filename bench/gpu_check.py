@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "worker"), str(REPO / "tests"), str(REPO / "tests" / "worker")]
 
 import torch  # noqa: E402
-from gpu_mis import mis_throughput, parse_shapes  # noqa: E402
+from gpu_mis import mis_batch, mis_throughput, parse_shapes  # noqa: E402
 from scorekeeper_worker.config import DType  # noqa: E402
 from scorekeeper_worker.engine.cuda_graphs import GraphRunner  # noqa: E402
 from scorekeeper_worker.engine.device_copy import host_vectors  # noqa: E402
@@ -97,12 +97,7 @@ def latency_batches(model: ScoringModel) -> dict[str, list[PackUnit]]:
 
     batches = {"1x32": seqs(1, 32), "4x48": seqs(4, 48), "16x24": seqs(16, 24)}
     if model.is_decoder:
-        unit = PackUnit([12] * 48 + [DELIMITER], visible_prefix=48, position_start=model.position_start)
-        for i in range(8):
-            unit.items.append([20 + i] * 15 + [DELIMITER])
-            end = unit.num_tokens - 1
-            unit.pools.append(Pool(range(end - 1, end), i))
-        batches["mis-48+8x16"] = [unit]
+        batches["mis-48+8x16"] = [mis_batch(model, 48, 8, 15, DELIMITER)[0]]  # items of 15 tokens + delimiter
     return batches
 
 

@@ -17,6 +17,7 @@ token count); on CPU it runs eagerly (it materializes the scores: a test and ref
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 from typing import Any
@@ -36,7 +37,6 @@ MIN_HEAD_DIM = 16  # Triton's dot products need K >= 16: smaller heads are zero-
 # CUDA-graph capture refuses (seen on an H200 when one process loaded several models).
 RECOMPILE_LIMIT = 64
 _compiled: Any = None
-_softcaps: dict[tuple[torch.device, float], torch.Tensor] = {}
 
 
 def _flex(device: torch.device) -> Any:
@@ -51,14 +51,12 @@ def _flex(device: torch.device) -> Any:
     return _compiled
 
 
+@functools.cache
 def _softcap_tensor(value: float, device: torch.device) -> torch.Tensor:
     """The soft-capping constant as a device tensor that `score_mod` captures. A Python float in the closure becomes,
     under dynamic shapes, a host float64 scalar copied to the GPU at every call: a CUDA-graph capture refuses that
     copy, and Inductor's lowering of flex_attention fails on it (seen on an H200). One tensor per value, reused."""
-    key = (device, value)
-    if key not in _softcaps:
-        _softcaps[key] = torch.full((), value, dtype=torch.float32, device=device)
-    return _softcaps[key]
+    return torch.full((), value, dtype=torch.float32, device=device)
 
 
 def flex_available(device: torch.device) -> tuple[bool, str]:
