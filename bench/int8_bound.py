@@ -39,15 +39,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 from common import log, markdown_table, median
+from scorekeeper_worker.kernels.onednn_linear import FusedLinear, fuse_linears
 
 BATCH_TOKENS = 8192  # the worker's default --max-batch-tokens
 ISA_ENV = {"native": {}, "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
                                   "ATEN_CPU_CAPABILITY": "avx2"}}
 LINEAR_OPS = ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm", "aten::linear")
+X_SCALE, OUT_SCALE, ZERO_POINT = 0.02, 0.05, 128  # any values: int8 kernels take the same time whatever the scales
 ATTENTION_OPS = ("aten::bmm", "aten::baddbmm", "aten::_softmax", "flash_attention", "scaled_dot_product")
 
 
-def _timed(call: Any, reps: int) -> float:
+def _timed(call: Callable[[], object], reps: int) -> float:
     call()
     times = []
     for _ in range(reps):
@@ -57,10 +59,7 @@ def _timed(call: Any, reps: int) -> float:
     return median(times)
 
 
-X_SCALE, OUT_SCALE, ZERO_POINT = 0.02, 0.05, 128  # any values: int8 kernels take the same time whatever the scales
-
-
-def int8_kernels(module: Any, tokens: int) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+def int8_kernels(module: FusedLinear, tokens: int) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
     """The linear (and GELU) of a FusedLinear as int8 kernels: uint8 activations (scale X_SCALE, zero point
     ZERO_POINT) in, uint8 (OUT_SCALE, ZERO_POINT) out, weights int8 per output channel, the bias and GELU fused."""
     weight, bias = module.linear.weight, module.linear.bias
@@ -85,8 +84,6 @@ def int8_kernels(module: Any, tokens: int) -> dict[str, Callable[[torch.Tensor],
 def int8_rate_ratio(trunk: torch.nn.Module, tokens: int, reps: int) -> float:
     """Σ float32 time / Σ fastest-int8 time over every linear layer of the (fused) trunk's layers, on `tokens`
     packed rows (not the pooler's: it sees one row per sequence)."""
-    from scorekeeper_worker.kernels.onednn_linear import FusedLinear
-
     float32_seconds = int8_seconds = 0.0
     for name, module in trunk.named_modules():
         if isinstance(module, FusedLinear) and not name.startswith("pooler"):
@@ -124,7 +121,6 @@ def child(args: argparse.Namespace) -> None:
     from bench_minilm import make_workload
     from scorekeeper_worker.config import DType
     from scorekeeper_worker.engine.cpu_memory import keep_freed_memory
-    from scorekeeper_worker.kernels.onednn_linear import fuse_linears
     from scorekeeper_worker.model.files import minilm_path
     from scorekeeper_worker.model.loader import load_model
 
