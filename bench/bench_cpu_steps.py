@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import http_servers
 from bench_cpu import cross_encoder_dir
 from bench_minilm import make_workload
-from common import log, markdown_table, median
+from common import log, markdown_table, median, token_batches
 
 BATCH_TOKENS = 8192  # the worker's default --max-batch-tokens
 ARMS = {"defaults": [], "--no-onednn-linear": ["--no-onednn-linear"],
@@ -77,11 +77,7 @@ def in_process(model: Path, workload: dict[str, Any], reps: int) -> list[list[st
                        want_pooled=False, prompt_tokens=0, multi_item=False, future=loop.create_future(), loop=loop)
         units = plan(scoring, request, tokenize(scoring, request), job, False, BATCH_TOKENS, None).units
         job.remaining = sum(len(unit.pools) for unit in units)
-        batches: list[list[Any]] = [[]]
-        for unit in units:  # batches of the server's default --max-batch-tokens, as the scheduler forms them
-            if batches[-1] and sum(u.num_tokens for u in batches[-1]) + unit.num_tokens > BATCH_TOKENS:
-                batches.append([])
-            batches[-1].append(unit)
+        batches = token_batches(units, BATCH_TOKENS)  # the server's default --max-batch-tokens
         faults, started = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
         for batch in batches:
             executor.run(batch)

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import httpx
 
@@ -183,6 +183,27 @@ class Peer:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+class Sized(Protocol):
+    num_tokens: int
+
+
+SizedT = TypeVar("SizedT", bound=Sized)
+
+
+def token_batches(units: list[SizedT], max_tokens: int) -> list[list[SizedT]]:
+    """One request's units in forwards of at most `max_tokens` tokens, in order, as the worker's scheduler forms them
+    for a request alone (a unit larger than the budget runs alone)."""
+    batches: list[list[SizedT]] = [[]]
+    tokens = 0
+    for unit in units:
+        if batches[-1] and tokens + unit.num_tokens > max_tokens:
+            batches.append([])
+            tokens = 0
+        batches[-1].append(unit)
+        tokens += unit.num_tokens
+    return batches
 
 
 def median(values: list[float]) -> float:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from common import token_batches
 from scorekeeper_worker.engine.cuda_graphs import GraphRunner
 from scorekeeper_worker.engine.forward import pooled_rows
 from scorekeeper_worker.engine.packing import PackUnit, Pool, build_inputs
@@ -48,15 +49,6 @@ def mis_batch(model: ScoringModel, query_len: int, items: int, item_len: int,
     return unit, singles
 
 
-def chunked(units: list[PackUnit], max_tokens: int) -> list[list[PackUnit]]:
-    batches: list[list[PackUnit]] = [[]]
-    for unit in units:
-        if batches[-1] and sum(u.num_tokens for u in batches[-1]) + unit.num_tokens > max_tokens:
-            batches.append([])
-        batches[-1].append(unit)
-    return batches
-
-
 def mis_throughput(model: ScoringModel, shapes: list[tuple[int, int]], item_len: int, delimiter: int,
                    max_tokens: int, runners: dict[str, GraphRunner], timer: Timer,
                    tolerance: tuple[float, float]) -> dict[str, Any]:
@@ -67,7 +59,7 @@ def mis_throughput(model: ScoringModel, shapes: list[tuple[int, int]], item_len:
     with torch.inference_mode():
         for query_len, items in shapes:
             unit, singles = mis_batch(model, query_len, items, item_len, delimiter)
-            batches = chunked(singles, max_tokens)
+            batches = token_batches(singles, max_tokens)
             mis_rows = pooled_rows(model, build_inputs([unit], device))
             single_rows = torch.cat([pooled_rows(model, build_inputs(b, device)) for b in batches])
             error = (mis_rows - single_rows).abs().max().item()

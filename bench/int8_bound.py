@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 from common import log, markdown_table, median
 from scorekeeper_worker.kernels.onednn_linear import FusedLinear, fuse_linears
+from scorekeeper_worker.model.loader import ScoringModel
 
 BATCH_TOKENS = 8192  # the worker's default --max-batch-tokens
 ISA_ENV = {"native": {}, "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
@@ -95,7 +96,7 @@ def int8_rate_ratio(trunk: torch.nn.Module, tokens: int, reps: int) -> float:
     return float32_seconds / int8_seconds
 
 
-def time_split(scoring: Any, workload: dict[str, Any]) -> dict[str, float]:
+def time_split(scoring: ScoringModel, workload: dict[str, Any]) -> dict[str, float]:
     """One request's float32 engine time (seconds) and the shares of linear layers and attention products."""
     from profile_worker import score_once
     from scorekeeper_worker.contract.schemas import ScoreRequest
@@ -126,14 +127,15 @@ def child(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     keep_freed_memory()
+    workloads = {mix: make_workload(minilm_path(), mix, args.items, 0) for mix in args.mixes.split(",")}
     with torch.inference_mode():
         for task in args.tasks.split(","):
             scoring = load_model(cross_encoder_dir() if task == "rerank" else minilm_path(), DType.FLOAT32, "cpu",
                                  task)
             fuse_linears(scoring.trunk)
             ratio = int8_rate_ratio(scoring.trunk, BATCH_TOKENS, args.reps)
-            for mix in args.mixes.split(","):
-                split = time_split(scoring, make_workload(minilm_path(), mix, args.items, 0))
+            for mix, workload in workloads.items():
+                split = time_split(scoring, workload)
                 print(json.dumps({"task": task, "mix": mix, "ratio": ratio, **split}), flush=True)
 
 

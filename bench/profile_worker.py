@@ -21,7 +21,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from common import median
+from common import median, token_batches
 
 
 def load(kind: str, dtype: str, cache: Path) -> Any:
@@ -69,16 +69,7 @@ def score_once(model: Any, request: Any, mis: bool, max_batch_tokens: int) -> di
     job.remaining = sum(len(u.pools) for u in p.units)
     stages["tokenize+plan"] = time.perf_counter() - started
     executor = Executor(model)
-    batch: list[Any] = []
-    size = 0
-    batches = []
-    for unit in p.units:
-        if batch and size + unit.num_tokens > max_batch_tokens:
-            batches.append(batch)
-            batch, size = [], 0
-        batch.append(unit)
-        size += unit.num_tokens
-    batches.append(batch)
+    batches = token_batches(p.units, max_batch_tokens)
     for b in batches:
         _, stats = executor.run(b)
         stages["inputs"] += stats.inputs_seconds

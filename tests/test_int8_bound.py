@@ -16,7 +16,7 @@ from bench_minilm import make_workload
 from scorekeeper_worker.config import DType
 from scorekeeper_worker.kernels.onednn_linear import FusedLinear, fuse_linears
 from scorekeeper_worker.model.files import minilm_path
-from scorekeeper_worker.model.loader import load_model
+from scorekeeper_worker.model.loader import ScoringModel, load_model
 
 
 def test_bound_is_amdahls_law() -> None:
@@ -45,15 +45,15 @@ def test_int8_kernels_compute_the_linear_layer(gelu: bool) -> None:
 
 
 @pytest.fixture(scope="module")
-def minilm() -> object:
+def minilm() -> ScoringModel:
     scoring = load_model(minilm_path(), DType.FLOAT32, "cpu", "int8-bound")
     fuse_linears(scoring.trunk)
     return scoring
 
 
-def test_rate_ratio_times_every_linear_layer(minilm: object) -> None:
+def test_rate_ratio_times_every_linear_layer(minilm: ScoringModel) -> None:
     calls: list[int] = []
-    trunk = minilm.trunk  # type: ignore[attr-defined]
+    trunk = minilm.trunk
     for module in trunk.modules():
         if isinstance(module, FusedLinear):
             module.register_forward_hook(lambda _m, args, _out: calls.append(args[0].shape[0]))
@@ -61,7 +61,7 @@ def test_rate_ratio_times_every_linear_layer(minilm: object) -> None:
     assert calls == [64] * (6 * 6 * 2)  # 36 linear layers, one warm-up and one timed call each
 
 
-def test_split_finds_linear_layers_and_attention_in_a_request(minilm: object) -> None:
+def test_split_finds_linear_layers_and_attention_in_a_request(minilm: ScoringModel) -> None:
     split = int8_bound.time_split(minilm, make_workload(minilm_path(), "short", 8, 0))
     assert split["seconds"] > 0
     # MiniLM spends most of a request in its linear layers; attention products are a real but smaller share
