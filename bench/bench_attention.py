@@ -1,5 +1,5 @@
 """Attention of whole rows on CPU, float32: the flash kernel (`attend`) against the batched path of `attend_output`
-(two batched matrix products and a softmax per tile of rows, `kernels/tiled.py`), on blocks of right-padded rows
+(two batched matrix products and a softmax per tile of rows, `model/kernels/tiled.py`), on blocks of right-padded rows
 as packed attention gathers them (transposed views, a key-padding bias), about 4,096 tokens per block. Picks
 `BATCHED_MAX_KEYS` (where flash starts to win) and `BATCHED_TILE` (scores per tile). The engine-level A/B on the
 bench_cpu.py workloads is in bench_cpu_steps.py.
@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 from common import markdown_table, median
-from scorekeeper_worker.kernels import tiled
-from scorekeeper_worker.kernels.tiled import RowMask, attend, attend_output
+from scorekeeper_worker.model.kernels import tiled
+from scorekeeper_worker.model.kernels.tiled import RowMask, attend, attend_output
 
 
 def block(rows: int, length: int, heads: int, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, RowMask]:

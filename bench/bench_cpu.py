@@ -135,7 +135,7 @@ def run_task(task: str, systems: list[str], workloads: dict[str, dict[str, Any]]
 
 
 def spearman(a: list[float], b: list[float]) -> float:
-    from scorekeeper_worker.serving.quantization import spearman as rank_correlation
+    from scorekeeper_worker.serving.startup.quantization import spearman as rank_correlation
 
     return rank_correlation(a, b)
 

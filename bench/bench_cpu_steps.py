@@ -5,8 +5,8 @@ bench_cpu.py workloads (1 query × 200 documents, MiniLM cross-encoder for reran
   the defaults, `--no-onednn-linear` (torch's nn.Linear) and `--max-batch-tokens 2048` (smaller forwards).
 - In process (engine only, no HTTP), interleaved in one process: the forward with and without the pooled-rows
   selection of the last layer (rerank: CLS pooling), with batched attention products for short rows and with the
-  flash kernel for every row (`kernels/tiled.BATCHED_MAX_KEYS` 0), after minor page faults per request before and
-  after `engine/cpu_memory.keep_freed_memory()` (process-wide: it cannot be switched back, so the two halves are not
+  flash kernel for every row (`model/kernels/tiled.BATCHED_MAX_KEYS` 0), after minor page faults per request before and
+  after `serving/startup/cpu_memory.keep_freed_memory()` (process-wide: it cannot be switched back, so the two halves are not
   interleaved; the fault counts are the measurement, the times are context; the arms then run under it, as the
   worker does).
 
@@ -56,15 +56,15 @@ def http_arms(task: str, model: Path, workload: dict[str, Any], reps: int, threa
 
 
 def in_process(model: Path, workload: dict[str, Any], reps: int) -> list[list[str]]:
-    from scorekeeper_worker.config import DType
-    from scorekeeper_worker.contract.schemas import ScoreRequest
-    from scorekeeper_worker.engine.cpu_memory import keep_freed_memory
-    from scorekeeper_worker.engine.executor import Executor
-    from scorekeeper_worker.engine.jobs import ScoreJob
-    from scorekeeper_worker.kernels import tiled
-    from scorekeeper_worker.kernels.onednn_linear import fuse_linears
+    from scorekeeper_worker.api.wire.score import ScoreRequest
+    from scorekeeper_worker.base.config import DType
+    from scorekeeper_worker.engine.queue.jobs import ScoreJob
+    from scorekeeper_worker.engine.runner.executor import Executor
+    from scorekeeper_worker.model.kernels import tiled
+    from scorekeeper_worker.model.kernels.onednn_linear import fuse_linears
     from scorekeeper_worker.model.loader import Pooling, load_model
     from scorekeeper_worker.planning.planner import plan, tokenize
+    from scorekeeper_worker.serving.startup.cpu_memory import keep_freed_memory
 
     scoring = load_model(model, DType.FLOAT32, "cpu", "bench")
     fuse_linears(scoring.trunk)

@@ -41,11 +41,11 @@ def main() -> None:
     set_threads(args.threads)
 
     from scorekeeper_worker.api.server import create_app
-    from scorekeeper_worker.config import WorkerConfig
-    from scorekeeper_worker.metrics import WorkerMetrics
+    from scorekeeper_worker.base.config import WorkerConfig
+    from scorekeeper_worker.base.metrics import WorkerMetrics
     from scorekeeper_worker.model.files import prepare_smollm2
-    from scorekeeper_worker.serving.gc_pauses import freeze_after_load
     from scorekeeper_worker.serving.service import ScoringService
+    from scorekeeper_worker.serving.startup.gc_pauses import freeze_after_load
 
     model = args.model or prepare_smollm2(REPO / ".cache" / "models")
     config = WorkerConfig(model=model, gc_freeze=False)

@@ -26,9 +26,9 @@ from common import child_env, log, machine_note, markdown_table, median, set_thr
 CHILD = """
 import json, sys, time
 from pathlib import Path
-from scorekeeper_worker.serving import selfcheck
-from scorekeeper_worker.config import DType
-from scorekeeper_worker.engine.executor import Executor
+from scorekeeper_worker.serving.startup import selfcheck
+from scorekeeper_worker.base.config import DType
+from scorekeeper_worker.engine.runner.executor import Executor
 from scorekeeper_worker.model.loader import load_model
 model = load_model(Path(sys.argv[1]), DType(sys.argv[2]), "cpu", "bench")
 executor = Executor(model)
@@ -37,8 +37,8 @@ result = selfcheck.run(model, executor, check=True, max_batch_tokens=8192, max_i
                        delimiter=None)
 decision = 0.0
 if model.kind.value == "causal_lm":  # the decision probe, as a worker with --multi-item-scoring runs it
-    from scorekeeper_worker.model.decision_template import resolve_decision_template
-    from scorekeeper_worker.serving import decision_selfcheck
+    from scorekeeper_worker.model.templates.decision_template import resolve_decision_template
+    from scorekeeper_worker.serving.startup import decision_selfcheck
     started = time.perf_counter()
     decision_selfcheck.run(model, executor, resolve_decision_template(model.tokenizer, None), True)
     decision = time.perf_counter() - started

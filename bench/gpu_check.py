@@ -5,7 +5,7 @@
     .venv/bin/python bench/gpu_check.py --model .cache/models/qwen3-0.6b-geometry --dtype bfloat16 \
         --buckets 256,512,1024,2048,4096 --max-seqs 256 --mis-shapes 512x100,128x100,512x10
     .venv/bin/python bench/gpu_check.py --cpu-dry-run --quick             # the script itself, on CPU, capture off
-    .venv/bin/python -m pytest -m cuda tests/worker/test_cuda.py          # the same checks as tests
+    .venv/bin/python -m pytest -m cuda tests/worker/engine/test_cuda.py          # the same checks as tests
 
 For each model, dtype and graph layout (dense: `--attention-backend sdpa`; flex: FlexAttention through Triton):
 1. capture: every bucket, largest first, one memory pool; seconds and memory per bucket, failures;
@@ -40,12 +40,12 @@ sys.path[:0] = [str(REPO / "worker"), str(REPO / "tests"), str(REPO / "tests" / 
 
 import torch  # noqa: E402
 from gpu_mis import mis_batch, mis_throughput, parse_shapes  # noqa: E402
-from scorekeeper_worker.config import DType  # noqa: E402
-from scorekeeper_worker.engine.cuda_graphs import GraphRunner  # noqa: E402
-from scorekeeper_worker.engine.device_copy import host_vectors  # noqa: E402
-from scorekeeper_worker.engine.forward import pooled_rows  # noqa: E402
-from scorekeeper_worker.engine.packing import PackUnit, Pool, build_inputs  # noqa: E402
-from scorekeeper_worker.kernels.attention import LayoutKind  # noqa: E402
+from scorekeeper_worker.base.config import DType  # noqa: E402
+from scorekeeper_worker.engine.runner.cuda_graphs import GraphRunner  # noqa: E402
+from scorekeeper_worker.engine.runner.device_copy import host_vectors  # noqa: E402
+from scorekeeper_worker.engine.runner.forward import pooled_rows  # noqa: E402
+from scorekeeper_worker.engine.runner.packing import PackUnit, Pool, build_inputs  # noqa: E402
+from scorekeeper_worker.model.kernels.attention import LayoutKind  # noqa: E402
 from scorekeeper_worker.model.loader import ScoringModel, load_model  # noqa: E402
 
 TINY = ["qwen3-cls3", "gemma2-reward", "bert-embed"]  # GQA decoder; softcap + sliding layers; encoder, mean pooling

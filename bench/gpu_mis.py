@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 from common import token_batches
-from scorekeeper_worker.engine.cuda_graphs import GraphRunner
-from scorekeeper_worker.engine.forward import pooled_rows
-from scorekeeper_worker.engine.packing import PackUnit, Pool, build_inputs
+from scorekeeper_worker.engine.runner.cuda_graphs import GraphRunner
+from scorekeeper_worker.engine.runner.forward import pooled_rows
+from scorekeeper_worker.engine.runner.packing import PackUnit, Pool, build_inputs
 from scorekeeper_worker.model.loader import ScoringModel
 
 Timer = Callable[[Callable[[], object]], float]  # median milliseconds of a callable

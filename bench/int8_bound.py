@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 from common import log, markdown_table, median
-from scorekeeper_worker.kernels.onednn_linear import FusedLinear, fuse_linears
+from scorekeeper_worker.model.kernels.onednn_linear import FusedLinear, fuse_linears
 from scorekeeper_worker.model.loader import ScoringModel
 
 BATCH_TOKENS = 8192  # the worker's default --max-batch-tokens
@@ -99,7 +99,7 @@ def int8_rate_ratio(trunk: torch.nn.Module, tokens: int, reps: int) -> float:
 def time_split(scoring: ScoringModel, workload: dict[str, Any]) -> dict[str, float]:
     """One request's float32 engine time (seconds) and the shares of linear layers and attention products."""
     from profile_worker import score_once
-    from scorekeeper_worker.contract.schemas import ScoreRequest
+    from scorekeeper_worker.api.wire.score import ScoreRequest
 
     request = ScoreRequest(query=workload["query"], items=workload["items"])
     seconds = _timed(lambda: score_once(scoring, request, False, BATCH_TOKENS), 3)
@@ -120,10 +120,10 @@ def child(args: argparse.Namespace) -> None:
     """Measure under this process's instruction set; one JSON record per task × mix on stdout."""
     from bench_cpu import cross_encoder_dir
     from bench_minilm import make_workload
-    from scorekeeper_worker.config import DType
-    from scorekeeper_worker.engine.cpu_memory import keep_freed_memory
+    from scorekeeper_worker.base.config import DType
     from scorekeeper_worker.model.files import minilm_path
     from scorekeeper_worker.model.loader import load_model
+    from scorekeeper_worker.serving.startup.cpu_memory import keep_freed_memory
 
     torch.set_num_threads(args.threads)
     keep_freed_memory()

@@ -25,7 +25,7 @@ from common import median, token_batches
 
 
 def load(kind: str, dtype: str, cache: Path) -> Any:
-    from scorekeeper_worker.config import DType
+    from scorekeeper_worker.base.config import DType
     from scorekeeper_worker.model.files import minilm_path, prepare_smollm2
     from scorekeeper_worker.model.loader import load_model
 
@@ -34,7 +34,7 @@ def load(kind: str, dtype: str, cache: Path) -> Any:
 
 
 def request_for(kind: str, model: Any, args: argparse.Namespace) -> Any:
-    from scorekeeper_worker.contract.schemas import ScoreRequest
+    from scorekeeper_worker.api.wire.score import ScoreRequest
 
     if kind == "minilm":
         from bench_minilm import make_workload
@@ -52,8 +52,8 @@ def request_for(kind: str, model: Any, args: argparse.Namespace) -> Any:
 
 def score_once(model: Any, request: Any, mis: bool, max_batch_tokens: int) -> dict[str, float]:
     """tokenize → plan → batches of ≤ max_batch_tokens (as the scheduler forms them) → Executor.run."""
-    from scorekeeper_worker.engine.executor import Executor
-    from scorekeeper_worker.engine.jobs import ScoreJob
+    from scorekeeper_worker.engine.queue.jobs import ScoreJob
+    from scorekeeper_worker.engine.runner.executor import Executor
     from scorekeeper_worker.planning.planner import plan, tokenize
     from scorekeeper_worker.serving.service import label_lists
 

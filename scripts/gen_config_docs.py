@@ -31,7 +31,7 @@ from scorekeeper_operator.spec import flags as operator_flags  # noqa: E402
 from scorekeeper_operator.spec import worker_contract  # noqa: E402
 from scorekeeper_operator.spec.model import ScoringModel  # noqa: E402
 from scorekeeper_worker import cli  # noqa: E402
-from scorekeeper_worker.config import WorkerConfig  # noqa: E402
+from scorekeeper_worker.base.config import WorkerConfig  # noqa: E402
 
 OUTPUT = REPO / "docs" / "configuration.md"
 CRD = REPO / "crds" / "scoringmodel.yaml"

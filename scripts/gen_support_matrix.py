@@ -29,8 +29,8 @@ edit. -->
 The worker serves exactly these architectures, as exactly these kinds, and refuses to start on anything else with a
 message that names the model's architecture and this list. "Supported" means three things: the engine implements
 everything the architecture needs (its attention features, pooling and head), a tiny random model of every row is
-scored in CI against plain transformers forwards (`tests/tiny_models.py`, `tests/worker/test_score_equivalence.py`,
-`tests/worker/test_support_matrix.py`: equal to 1e-4 in float32, alone and packed with other requests' sequences,
+scored in CI against plain transformers forwards (`tests/tiny_models.py`, `tests/worker/serving/test_score_equivalence.py`,
+`tests/worker/model/test_support_matrix.py`: equal to 1e-4 in float32, alone and packed with other requests' sequences,
 and multi-item = single-item for decoders), and every worker proves its own model at start-up against transformers
 on the same weights (the self-check, [operations.md](operations.md#start-up-self-check)).
 
@@ -63,11 +63,11 @@ KIND_NAMES = {"causal_lm": "causal LM (label tokens)", "classifier": "classifier
 NOTES = """
 ## Notes
 
-- **Attention.** Packed architectures run the engine's attention (`kernels/attention.py`) through transformers'
+- **Attention.** Packed architectures run the engine's attention (`model/kernels/attention.py`) through transformers'
   `AttentionInterface`: one packed row per batch, sequences kept apart by the layout, causal or bidirectional, with
   sliding windows (one-sided for decoders, symmetric `|i - j| < window` for ModernBERT's local layers), Gemma2's
   logit soft-capping and grouped-query heads. Multi-item scoring applies to decoders only. Gemma2 causal LMs also
-  get their final logit soft-capping on the label logits (`engine/heads.py`).
+  get their final logit soft-capping on the label logits (`engine/runner/heads.py`).
 - **DeBERTa-v2 / v3** computes disentangled relative-position attention inside its own modules, which never reach
   `AttentionInterface`, so a packed row would let sequences see each other. The worker runs it *padded*: every
   block of similar-length sequences is an ordinary right-padded batch with an attention mask, which is exact. CUDA

@@ -1,5 +1,5 @@
 """Checkpoint variants and engine runs for exactness tests: a tiny model copied with config edits, and requests
-planned as the server plans them (/v1/score bodies, and /v1/embeddings bodies as api/embeddings.py hands them to
+planned as the server plans them (/v1/score bodies, and /v1/embeddings bodies as api/routes/embeddings.py hands them to
 the service), all of their units run as ONE packed batch through the real executor."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from scorekeeper_worker.contract.errors import BadRequest
-from scorekeeper_worker.contract.schemas import ScoreRequest
-from scorekeeper_worker.contract.schemas_compat import EmbeddingRequest
-from scorekeeper_worker.engine.executor import Executor
-from scorekeeper_worker.engine.jobs import ScoreJob
+from scorekeeper_worker.api.wire.compat import EmbeddingRequest
+from scorekeeper_worker.api.wire.score import ScoreRequest
+from scorekeeper_worker.base.errors import Invalid
+from scorekeeper_worker.engine.queue.jobs import ScoreJob
+from scorekeeper_worker.engine.runner.executor import Executor
 from scorekeeper_worker.model.loader import ScoringModel
 from scorekeeper_worker.planning.encoding import Direction, LengthRules
 from scorekeeper_worker.planning.planner import plan, tokenize
@@ -47,13 +47,13 @@ def _as_score(request: ScoreRequest | EmbeddingRequest) -> tuple[ScoreRequest, L
 
 def outcomes(model: ScoringModel, requests: list[ScoreRequest] | list[ScoreRequest | EmbeddingRequest],
              multi_item: bool = False, delimiter: int | None = None,
-             max_batch_tokens: int = 1 << 20) -> list[Rows | BadRequest]:
+             max_batch_tokens: int = 1 << 20) -> list[Rows | Invalid]:
     """Every request planned like the server plans it (multi-item for decoders when `multi_item`, or as the request
     asks), the units of all that plan in one executor batch: each request's score rows (an embedding request's
     vectors), or the 400 it got."""
     loop = asyncio.new_event_loop()
     try:
-        jobs: list[ScoreJob | BadRequest] = []
+        jobs: list[ScoreJob | Invalid] = []
         units = []
         for original in requests:
             request, rules, prompt_name, embed = _as_score(original)
@@ -68,7 +68,7 @@ def outcomes(model: ScoringModel, requests: list[ScoreRequest] | list[ScoreReque
                                loop=loop, embed=embed)
                 job_plan = plan(model, request, tokens, job, mis and model.is_decoder, max_batch_tokens, delimiter,
                                 query_row=not embed)
-            except BadRequest as refused:
+            except Invalid as refused:
                 jobs.append(refused)
                 continue
             job.remaining = sum(len(unit.pools) for unit in job_plan.units)
@@ -78,9 +78,9 @@ def outcomes(model: ScoringModel, requests: list[ScoreRequest] | list[ScoreReque
             Executor(model).run(units)
     finally:
         loop.close()
-    results: list[Rows | BadRequest] = []
+    results: list[Rows | Invalid] = []
     for job in jobs:
-        if isinstance(job, BadRequest):
+        if isinstance(job, Invalid):
             results.append(job)
         else:
             assert job.remaining == 0
@@ -92,5 +92,5 @@ def one_batch(model: ScoringModel, requests: list[ScoreRequest], multi_item: boo
               delimiter: int | None = None, max_batch_tokens: int = 1 << 20) -> list[Rows]:
     """`outcomes` of requests that must all be scored."""
     results = outcomes(model, requests, multi_item, delimiter, max_batch_tokens)
-    assert not any(isinstance(result, BadRequest) for result in results), results
+    assert not any(isinstance(result, Invalid) for result in results), results
     return results  # type: ignore[return-value]

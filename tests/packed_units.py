@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from scorekeeper_worker.engine.packing import PackUnit, Pool
+from scorekeeper_worker.engine.runner.packing import PackUnit, Pool
 from scorekeeper_worker.model.loader import ScoringModel
 
 DELIMITER = 3

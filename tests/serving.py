@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 if TYPE_CHECKING:
-    from scorekeeper_worker.engine.jobs import ScoreJob
-    from scorekeeper_worker.engine.packing import PackUnit
-    from scorekeeper_worker.engine.scheduler import Scheduler
+    from scorekeeper_worker.engine.queue.jobs import ScoreJob
+    from scorekeeper_worker.engine.queue.scheduler import Scheduler
+    from scorekeeper_worker.engine.runner.packing import PackUnit
 
 
 def free_port() -> int:
@@ -30,7 +30,7 @@ class RunningServer:
         import uvicorn
         from scorekeeper_worker.api.http_protocol import server_options
         from scorekeeper_worker.api.server import create_app
-        from scorekeeper_worker.config import WorkerConfig
+        from scorekeeper_worker.base.config import WorkerConfig
 
         self.port = free_port()
         # gc.freeze() would freeze the whole test process (every server and model of the session, never collected

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client import generate_latest
-from scorekeeper_worker.metrics import WorkerMetrics
+from scorekeeper_worker.base.metrics import WorkerMetrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 

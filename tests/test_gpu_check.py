@@ -10,9 +10,9 @@ from pathlib import Path
 
 import tiny_models
 import torch
-from scorekeeper_worker.config import DType
-from scorekeeper_worker.engine.forward import pooled_rows
-from scorekeeper_worker.engine.packing import build_inputs
+from scorekeeper_worker.base.config import DType
+from scorekeeper_worker.engine.runner.forward import pooled_rows
+from scorekeeper_worker.engine.runner.packing import build_inputs
 from scorekeeper_worker.model.loader import load_model
 
 REPO = Path(__file__).resolve().parent.parent

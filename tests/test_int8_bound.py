@@ -13,9 +13,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 import int8_bound
 from bench_minilm import make_workload
-from scorekeeper_worker.config import DType
-from scorekeeper_worker.kernels.onednn_linear import FusedLinear, fuse_linears
+from scorekeeper_worker.base.config import DType
 from scorekeeper_worker.model.files import minilm_path
+from scorekeeper_worker.model.kernels.onednn_linear import FusedLinear, fuse_linears
 from scorekeeper_worker.model.loader import ScoringModel, load_model
 
 

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 import make_qwen3_geometry
 from load_workload import PRESETS, BodyPool, Mix, Shape, label_ids
-from scorekeeper_worker.config import DType
+from scorekeeper_worker.base.config import DType
 from scorekeeper_worker.model.loader import ModelKind, load_model
 from transformers import PreTrainedTokenizerBase, Qwen3ForCausalLM
 

@@ -9,7 +9,7 @@ hand), small enough to build in a fraction of a second, and saved with `save_pre
     path = build("qwen3-cls3", tmp_dir)            # -> tmp_dir / "qwen3-cls3"
 
 Every architecture × kind of the worker's support matrix (worker/scorekeeper_worker/model/support.py) has a model here
-(tests/worker/test_support_matrix.py keeps the two in step); tokenizers are in tiny_tokenizers.py.
+(tests/worker/model/test_support_matrix.py keeps the two in step); tokenizers are in tiny_tokenizers.py.
 
 Design choices that matter for the tests built on top:
 - Llama, Gemma2 and Mistral tokenizers add a BOS to single sequences (and before each sequence of a pair, like the

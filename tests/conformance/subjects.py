@@ -15,9 +15,9 @@ from typing import Any
 import reference
 import tiny_tokenizers
 from conformance.variants import SentenceVariant, Variant
-from scorekeeper_worker.config import DType
+from scorekeeper_worker.base.config import DType
 from scorekeeper_worker.model.loader import ScoringModel, load_model
-from scorekeeper_worker.model.prompt_template import PromptTemplate, load_template, resolve_label_tokens
+from scorekeeper_worker.model.templates.prompt_template import PromptTemplate, load_template, resolve_label_tokens
 
 
 @dataclass

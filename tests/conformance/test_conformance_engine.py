@@ -21,7 +21,7 @@ from conformance.variants import SENTENCE_VARIANTS, VARIANTS, SentenceVariant, V
 from engine_runs import outcomes, request_for
 from hypothesis import given
 from hypothesis import strategies as st
-from scorekeeper_worker.contract.errors import BadRequest
+from scorekeeper_worker.base.errors import Invalid
 from scorekeeper_worker.model.support import supported_architectures
 from tiny_models import SPECS
 
@@ -42,5 +42,5 @@ def test_co_tenant_batches_match_the_reference(variant: Variant | SentenceVarian
     served = outcomes(tested.engine, [request_for(body) for body in bodies], delimiter=delimiter,
                       max_batch_tokens=budget)
     for body, result in zip(bodies, served, strict=True):
-        refusal = str(result) if isinstance(result, BadRequest) else None
+        refusal = str(result) if isinstance(result, Invalid) else None
         check(body, None if refusal else result, refusal, expected(tested, body))  # type: ignore[arg-type]

@@ -20,7 +20,7 @@ from conformance.expected import expected
 from conformance.subjects import subject
 from conformance.variants import SENTENCE_VARIANTS, VARIANTS
 from engine_runs import outcomes, request_for
-from scorekeeper_worker.contract.errors import BadRequest
+from scorekeeper_worker.base.errors import Invalid
 
 REGRESSIONS: list[tuple[str, list[dict[str, Any]], int | None]] = [
     ("xlmr-embed-plain", [{"query": "", "items": ["<pad>"]}], None),
@@ -47,5 +47,5 @@ def test_found_by_the_conformance_suite(name: str, bodies: list[dict[str, Any]],
     served = outcomes(tested.engine, [request_for(body) for body in bodies], delimiter=delimiter,
                       max_batch_tokens=48)
     for body, result in zip(bodies, served, strict=True):
-        refusal = str(result) if isinstance(result, BadRequest) else None
+        refusal = str(result) if isinstance(result, Invalid) else None
         check(body, None if refusal else result, refusal, expected(tested, body))  # type: ignore[arg-type]

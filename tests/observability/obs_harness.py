@@ -228,7 +228,7 @@ class WorkerThread:
     def __init__(self, **config: Any) -> None:
         import uvicorn
         from scorekeeper_worker.api.server import create_app
-        from scorekeeper_worker.config import WorkerConfig
+        from scorekeeper_worker.base.config import WorkerConfig
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

@@ -36,7 +36,7 @@ DUMMY = {"namespace": "ns", "job": "job", "instance": "pod"}
 def exported_metric_names() -> set[str]:
     """Every metric family the worker exports, as named in the exposition text (`# TYPE` lines)."""
     from prometheus_client import generate_latest
-    from scorekeeper_worker.metrics import WorkerMetrics
+    from scorekeeper_worker.base.metrics import WorkerMetrics
 
     text = generate_latest(WorkerMetrics().registry).decode()
     names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}

@@ -15,9 +15,9 @@ from scorekeeper_operator.render.manifests import render
 from scorekeeper_operator.spec import flags, worker_contract
 from scorekeeper_operator.spec.model import ScoringModel
 from scorekeeper_operator.spec.settings import OperatorSettings
+from scorekeeper_worker.base.config import WorkerConfig
 from scorekeeper_worker.cli import build_parser, parse_config
-from scorekeeper_worker.config import WorkerConfig
-from scorekeeper_worker.model.prompt_template import BUILTIN, load_template
+from scorekeeper_worker.model.templates.prompt_template import BUILTIN, load_template
 
 # A template given as text, with what a YAML round trip or a file write could lose: braces, quotes, a tab, non-ASCII
 # text and the trailing blank line the prompt ends with.

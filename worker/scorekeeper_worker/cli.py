@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 import yaml
 from pydantic import ValidationError
 
-from scorekeeper_worker.config import (
+from scorekeeper_worker.base.config import (
     AttentionBackendName,
     Device,
     DType,
@@ -231,21 +231,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         config = parse_config(argv)
         if config.api_key_file is not None:
-            from scorekeeper_worker.api.auth import ApiKeys, KeyFileError
+            from scorekeeper_worker.api.middleware.auth import ApiKeys, KeyFileError
 
             try:
                 ApiKeys(config.api_key_file)  # refuse a missing or empty key file before loading anything
             except KeyFileError as error:
                 raise ConfigError(str(error)) from None
         if config.prompt_template is not None:
-            from scorekeeper_worker.model.prompt_template import TemplateError, load_template
+            from scorekeeper_worker.model.templates.prompt_template import TemplateError, load_template
 
             try:
                 load_template(config.prompt_template)  # a missing file or a broken template: before loading
             except TemplateError as error:
                 raise ConfigError(str(error)) from None
         if config.decision_template is not None:
-            from scorekeeper_worker.model.decision_template import DecisionTemplateError, load_decision_template
+            from scorekeeper_worker.model.templates.decision_template import (
+                DecisionTemplateError,
+                load_decision_template,
+            )
 
             try:
                 load_decision_template(config.decision_template)  # the same, for the decision template

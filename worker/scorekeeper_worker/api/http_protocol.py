@@ -28,8 +28,9 @@ from typing import Any, ClassVar
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from scorekeeper_worker.config import WorkerConfig
-from scorekeeper_worker.contract.errors import TYPES, ErrorResponse
+from scorekeeper_worker.api.error_shape import TYPES
+from scorekeeper_worker.api.wire.errors import ErrorResponse
+from scorekeeper_worker.base.config import WorkerConfig
 
 log = logging.getLogger(__name__)
 DISCARD_SECONDS = 2.0  # after an early answer, the rest of an upload gets this long before the connection closes

@@ -18,8 +18,9 @@ from prometheus_client import CollectorRegistry, make_asgi_app
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
+from scorekeeper_worker.api.error_shape import TYPES
 from scorekeeper_worker.api.http_protocol import quiet_accept_errors
-from scorekeeper_worker.contract.errors import TYPES, ErrorResponse
+from scorekeeper_worker.api.wire.errors import ErrorResponse
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:

@@ -2,7 +2,7 @@
 (the x-request-id header, the bearer scheme on /v1), and describing the server as loaded, so that every body the
 document calls valid can be served by this model:
 - /v1/embeddings is listed only when the model is an embedding model, /v1/decisions and /v1/systemone only when it
-  is a causal LM (api/decisions.SERVED_KINDS);
+  is a causal LM (api/routes/decisions.SERVED_KINDS);
 - where a query and an item can both be empty and then make a sequence of no tokens (token ids, always; text, on a
   decoder whose tokenizer adds no special tokens and with no prompt template), the request schema says `not` that.
 Until the model has loaded the document is not cached (it cannot say all this yet).
@@ -15,8 +15,8 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from scorekeeper_worker.api.auth import is_protected
-from scorekeeper_worker.api.decisions import DECISIONS, SERVED_KINDS, SYSTEMONE
+from scorekeeper_worker.api.middleware.auth import is_protected
+from scorekeeper_worker.api.routes.decisions import DECISIONS, SERVED_KINDS, SYSTEMONE
 from scorekeeper_worker.model.loader import ModelKind, ScoringModel
 
 REQUEST_ID_HEADER = {"x-request-id": {"description": "the request's id (the client's x-request-id, or a new one); "

@@ -23,34 +23,35 @@ from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
-from scorekeeper_worker.api.auth import ApiKeyAuth, ApiKeys
-from scorekeeper_worker.api.body_limit import BodyLimit
-from scorekeeper_worker.api.decisions import add_routes as add_decision_routes
-from scorekeeper_worker.api.disconnect import cancel_on_disconnect
 from scorekeeper_worker.api.drain import Drain, DrainingServer
-from scorekeeper_worker.api.embeddings import embed
-from scorekeeper_worker.api.embeddings import response as embedding_response
 from scorekeeper_worker.api.error_shape import error_responses
 from scorekeeper_worker.api.http_protocol import quiet_accept_errors, server_options
-from scorekeeper_worker.api.json_body import JSONRoute
 from scorekeeper_worker.api.metrics_server import MetricsServer
+from scorekeeper_worker.api.middleware.auth import ApiKeyAuth, ApiKeys
+from scorekeeper_worker.api.middleware.body_limit import BodyLimit
+from scorekeeper_worker.api.middleware.disconnect import cancel_on_disconnect
+from scorekeeper_worker.api.middleware.json_body import JSONRoute
+from scorekeeper_worker.api.middleware.request_context import ErrorReporter, RequestContext
 from scorekeeper_worker.api.openapi import openapi_document
-from scorekeeper_worker.api.request_context import ErrorReporter, RequestContext
-from scorekeeper_worker.api.rerank import rerank
+from scorekeeper_worker.api.routes.decisions import add_routes as add_decision_routes
+from scorekeeper_worker.api.routes.embeddings import embed
+from scorekeeper_worker.api.routes.embeddings import response as embedding_response
+from scorekeeper_worker.api.routes.rerank import rerank
 from scorekeeper_worker.api.termination import EXIT_LOAD_FAILED, failure_reason, write_termination_message
-from scorekeeper_worker.config import WorkerConfig
-from scorekeeper_worker.contract.errors import NotReady
-from scorekeeper_worker.contract.schemas import ModelCard, ModelList, ScoreRequest, ScoreResponse, Status
-from scorekeeper_worker.contract.schemas_compat import (
+from scorekeeper_worker.api.wire.compat import (
     EmbeddingRequest,
     EmbeddingResponse,
     RerankRequest,
     RerankResponse,
 )
-from scorekeeper_worker.logs import install_request_ids, uvicorn_log_config
-from scorekeeper_worker.metrics import WorkerMetrics
-from scorekeeper_worker.serving.gc_pauses import GcPauseObserver
+from scorekeeper_worker.api.wire.score import ModelCard, ModelList, ScoreRequest, ScoreResponse, Status
+from scorekeeper_worker.base.config import WorkerConfig
+from scorekeeper_worker.base.errors import NotReady
+from scorekeeper_worker.base.logs import install_request_ids, uvicorn_log_config
+from scorekeeper_worker.base.metrics import WorkerMetrics
 from scorekeeper_worker.serving.service import ScoringService
+from scorekeeper_worker.serving.startup import load as startup
+from scorekeeper_worker.serving.startup.gc_pauses import GcPauseObserver
 
 log = logging.getLogger(__name__)
 STARTUP_FAILURE = 3  # uvicorn's exit status when the app cannot start (port taken, lifespan failed)
@@ -75,14 +76,13 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
 
         def load() -> None:
             try:
-                service.load()
+                service.serve(startup.load(config, metrics))
             except Exception as error:  # never ready; `run` writes the reason and exits non-zero
-                service.failure = failure_reason(config.model, error)
-                service.failed = True
+                service.fail(failure_reason(config.model, error))
                 log.exception("model failed to load")
                 on_failure: Callable[[str], None] | None = getattr(app.state, "on_load_failure", None)
                 if on_failure is not None:
-                    on_failure(service.failure)
+                    on_failure(service.failure or "")
 
         gc_pauses.install()
         loader = threading.Thread(target=load, name="scorekeeper-load", daemon=True)
@@ -99,7 +99,7 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
     app.router.route_class = JSONRoute
     # HTTP hardening (issue 26): no redirect for a trailing slash (its Location would repeat the client's Host
     # header): a 404 names the path. A body is refused before parsing beyond this many arrays and objects
-    # (api/json_body.py): four per item a request may hold, and room for the rest.
+    # (api/middleware/json_body.py): four per item a request may hold, and room for the rest.
     app.router.redirect_slashes = False
     app.state.max_json_containers = 4 * config.max_items_per_request + 1024
     app.state.service = service
@@ -126,9 +126,9 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
     # serialise in a worker thread (a large response must not stall the event loop).
     @app.post("/v1/score", response_model=ScoreResponse, responses=scoring_errors)
     async def score(body: ScoreRequest, http: Request) -> Response:
-        response = await cancel_on_disconnect(service.score(body), http.receive)
+        scored = await cancel_on_disconnect(service.run(body.ask()), http.receive)
         started = time.perf_counter()
-        content = await asyncio.to_thread(response.model_dump_json)
+        content = await asyncio.to_thread(lambda: ScoreResponse.of(body.model, scored).model_dump_json())
         metrics.stage_seconds.labels("serialize").observe(time.perf_counter() - started)
         return Response(content, media_type="application/json")
 
@@ -147,7 +147,7 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
         response = await asyncio.to_thread(embedding_response, body, vectors, prompt_tokens)
         return Response(await asyncio.to_thread(response.model_dump_json), media_type="application/json")
 
-    # Decisions (/v1/decisions, /v1/systemone): served by causal LMs only (api/decisions.SERVED_KINDS).
+    # Decisions (/v1/decisions, /v1/systemone): served by causal LMs only (api/routes/decisions.SERVED_KINDS).
     add_decision_routes(app, service, scoring_errors)
 
     @app.get("/v1/models", response_model=ModelList, responses=error_responses(*v1, *ANY_ROUTE))

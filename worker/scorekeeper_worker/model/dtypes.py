@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from scorekeeper_worker.config import Device, DType
+from scorekeeper_worker.base.config import Device, DType
 
 # x86: AVX512-BF16 or AMX; Arm: the BF16 extension. Without them PyTorch emulates bfloat16 matrix products on CPU,
 # 5-6x slower than float32.

@@ -23,16 +23,14 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from scorekeeper_worker.config import Device, DType
-from scorekeeper_worker.kernels.attention import ATTENTION_NAME
+from scorekeeper_worker.base.config import Device, DType
 from scorekeeper_worker.model import sentence_transformers
 from scorekeeper_worker.model.config_keys import check_config
 from scorekeeper_worker.model.dtypes import DTypeChoice, choose_dtype, detect_hardware, dtype_name
+from scorekeeper_worker.model.kernels.attention import ATTENTION_NAME
 from scorekeeper_worker.model.pooled_rows import install_row_selection
-from scorekeeper_worker.model.prompt_template import PromptTemplate
 from scorekeeper_worker.model.rope import RopeTables, install_packed_rotary
 from scorekeeper_worker.model.sentence_transformers import SentenceTransformersConfig
-from scorekeeper_worker.model.special_tokens import PairLayout, SpecialTokens, pair_layout, special_tokens
 from scorekeeper_worker.model.support import (
     ArchitectureSupport,
     Execution,
@@ -44,6 +42,8 @@ from scorekeeper_worker.model.support import (
     UnsupportedModel,
     resolve,
 )
+from scorekeeper_worker.model.templates.prompt_template import PromptTemplate
+from scorekeeper_worker.model.templates.special_tokens import PairLayout, SpecialTokens, pair_layout, special_tokens
 
 __all__ = ["HeadModules", "ModelKind", "Pooling", "ScoringModel", "load_model"]
 log = logging.getLogger(__name__)

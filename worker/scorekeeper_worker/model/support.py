@@ -3,7 +3,7 @@
 Data, not code paths: the loader refuses every (model type, architecture class) pair not listed here, and
 `scripts/gen_support_matrix.py` writes docs/support-matrix.md from it. Each listed pair has a tiny random model in
 tests/tiny_models.py whose served scores are compared with plain transformers, and every worker proves its own model
-at start-up (serving/selfcheck.py). A head is a list of the model's OWN modules applied to the pooled trunk rows, so
+at start-up (serving/startup/selfcheck.py). A head is a list of the model's OWN modules applied to the pooled trunk rows, so
 a new encoder needs a row here, not new code."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class PoolingSource(StrEnum):
 
 
 class Attention(StrEnum):
-    """Attention features an architecture needs from the engine (kernels/attention.py implements each)."""
+    """Attention features an architecture needs from the engine (model/kernels/attention.py implements each)."""
 
     CAUSAL = "causal"
     BIDIRECTIONAL = "bidirectional"
@@ -67,7 +67,7 @@ class KindSupport:
     pooling: Pooling
     pooling_source: PoolingSource = PoolingSource.FIXED
     pre_head: tuple[HeadStep, ...] = ()  # rows → the vector `return_pooled_hidden_states` returns
-    # that vector → logits (causal LMs: the output embedding, applied in engine/heads.py)
+    # that vector → logits (causal LMs: the output embedding, applied in engine/runner/heads.py)
     head: tuple[HeadStep, ...] = ()
     # Only for a sentence-transformers embedding directory (modules.json with Pooling), which sentence-transformers
     # loads with AutoModel whatever class the config names: the class loaded is the prefix + `loads_as`.

@@ -3,21 +3,21 @@
 
 Multi-item (several questions, `--multi-item-scoring`): the tokens every question's prompt starts with (the input,
 rendered) are the context row, run once per chunk; each question's remaining tokens are an item; each option of
-several tokens is a child item of its question (all its tokens but the last: engine/packing.py), so it sees the
+several tokens is a child item of its question (all its tokens but the last: engine/runner/packing.py), so it sees the
 input, its question and itself, never another question or option. Otherwise every question is its own unit: its
 whole prompt as the context row, its options' tokens as items. Either way every row sees exactly the tokens of the
 flat sequence `prompt + option`, so the answers are the same, and the same as each question asked alone.
 
-Rows read (engine/decision_job.py): the last prompt token of each question (every option's first token), and each
+Rows read (engine/queue/decision_job.py): the last prompt token of each question (every option's first token), and each
 token of an option item (the option's next token)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scorekeeper_worker.contract.errors import BadRequest
-from scorekeeper_worker.engine.decision_job import DecisionJob, QuestionOptions, RowTarget
-from scorekeeper_worker.engine.packing import PackUnit, Pool
+from scorekeeper_worker.base.errors import Invalid
+from scorekeeper_worker.engine.queue.decision_job import QuestionOptions, RowTarget
+from scorekeeper_worker.engine.runner.packing import PackUnit, Pool
 from scorekeeper_worker.model.loader import ScoringModel
 from scorekeeper_worker.planning.decision_prompts import DecisionTokens
 from scorekeeper_worker.planning.encoding import too_long
@@ -58,7 +58,7 @@ def _rope_tables(model: ScoringModel, tokens: DecisionTokens, fields: list[str])
                            " (the input, in the decision prompt, with this question and its longest option)")
         table = rope_table(model, max(lengths))
         if rope_table(model, min(lengths)) != table:
-            raise BadRequest(f"{field}: the prompt with this question's shortest and longest options is "
+            raise Invalid(f"{field}: the prompt with this question's shortest and longest options is "
                              f"{min(lengths)} and {max(lengths)} tokens, either side of the model's "
                              f"{model.rope.long_after}-token RoPE threshold (longrope); give options of one length "
                              "or a shorter input")
@@ -67,7 +67,7 @@ def _rope_tables(model: ScoringModel, tokens: DecisionTokens, fields: list[str])
 
 
 def _add_question(unit: PackUnit, question: int, tail: list[int], options: list[list[int]],
-                  targets: list[RowTarget], job: DecisionJob) -> None:
+                  targets: list[RowTarget]) -> None:
     """A question's rows in `unit`: its prompt tokens after the context (none when the context is its whole prompt),
     then its options of several tokens (children of the question's item, or plain items after a whole prompt)."""
     parent = -1
@@ -76,7 +76,7 @@ def _add_question(unit: PackUnit, question: int, tail: list[int], options: list[
         unit.parents.append(-1)
         parent = len(unit.items) - 1
     end = unit.num_tokens - 1  # the question's last prompt token
-    unit.pools.append(Pool(range(end, end + 1), (job, len(targets))))
+    unit.pools.append(Pool(range(end, end + 1), len(targets)))
     targets.append(RowTarget(question))
     for k, option in enumerate(options):
         if len(option) == 1:
@@ -85,13 +85,13 @@ def _add_question(unit: PackUnit, question: int, tail: list[int], options: list[
         unit.items.append(option[:-1])
         unit.parents.append(parent)
         for j in range(len(option) - 1):
-            unit.pools.append(Pool(range(start + j, start + j + 1), (job, len(targets))))
+            unit.pools.append(Pool(range(start + j, start + j + 1), len(targets)))
             targets.append(RowTarget(question, k, j + 1))
 
 
-def plan(model: ScoringModel, tokens: DecisionTokens, fields: list[str], job: DecisionJob, multi_item: bool,
-         max_batch_tokens: int, max_request_tokens: int | None) -> DecisionPlan:
-    """The units of one request; `job` is stored in each Pool's owner as (job, slot)."""
+def plan(model: ScoringModel, tokens: DecisionTokens, fields: list[str], multi_item: bool, max_batch_tokens: int,
+         max_request_tokens: int | None) -> DecisionPlan:
+    """The units of one request, each pool keyed by its slot: the index of its row's target."""
     tables = _rope_tables(model, tokens, fields)
     prompts = tokens.prompts
     extra = [sum(len(option) - 1 for option in options) for options in tokens.options]  # option rows per question
@@ -117,6 +117,6 @@ def plan(model: ScoringModel, tokens: DecisionTokens, fields: list[str], job: De
         unit = PackUnit(list(context), visible_prefix=len(context), position_start=model.position_start,
                         rope_table=tables[chunk[0]])
         for q in chunk:
-            _add_question(unit, q, prompts[q][shared:] if shared else [], tokens.options[q], targets, job)
+            _add_question(unit, q, prompts[q][shared:] if shared else [], tokens.options[q], targets)
         units.append(unit)
     return DecisionPlan(units, targets, planned, bool(shared))

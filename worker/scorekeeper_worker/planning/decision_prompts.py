@@ -3,7 +3,7 @@ tokens of each option's answer.
 
 Each question becomes the last user turn of the conversation: appended to the input's last user message (so chat
 templates that require alternating roles accept it), or as a user message of its own after any other. The
-conversation goes through the decision template (model/decision_template.py: the model's chat template unless
+conversation goes through the decision template (model/templates/decision_template.py: the model's chat template unless
 `--decision-template` replaces it) with a generation prompt, thinking turned off (`enable_thinking=False`: Qwen3's
 template then closes an empty think block), and the rendered text is tokenized whole without added specials, as
 `tokenizer.apply_chat_template(..., tokenize=True)` does: exactly the input a plain transformers user would run. The
@@ -21,9 +21,9 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from scorekeeper_worker.contract.errors import BadRequest
-from scorekeeper_worker.model.decision_template import DecisionTemplate
+from scorekeeper_worker.base.errors import Invalid
 from scorekeeper_worker.model.loader import ScoringModel
+from scorekeeper_worker.model.templates.decision_template import DecisionTemplate
 
 QUESTION_SEPARATOR = "\n\n"  # between the input's last user message and the question appended to it
 
@@ -115,7 +115,7 @@ def render(model: ScoringModel, template: DecisionTemplate, messages: tuple[Chat
             conversation(messages, text), chat_template=template.source, add_generation_prompt=True, tokenize=False,
             enable_thinking=False, question=_variables(question, text))
     except (TemplateError, ValueError, TypeError, KeyError, IndexError) as error:
-        raise BadRequest(f"input: the decision template ({template.name}) cannot render this conversation: "
+        raise Invalid(f"input: the decision template ({template.name}) cannot render this conversation: "
                          f"{type(error).__name__}: {error}") from None
 
 
@@ -135,10 +135,10 @@ def option_tokens(model: ScoringModel, question: DecisionQuestion) -> list[list[
     seen: dict[tuple[int, ...], int] = {}
     for index, ids in enumerate(tokens):
         if not ids:
-            raise BadRequest(f"{question.field}: option {question.options[index].name!r} has no tokens in this "
+            raise Invalid(f"{question.field}: option {question.options[index].name!r} has no tokens in this "
                              "model's tokenizer")
         if tuple(ids) in seen:
-            raise BadRequest(f"{question.field}: options {seen[tuple(ids)]} and {index} "
+            raise Invalid(f"{question.field}: options {seen[tuple(ids)]} and {index} "
                              f"({question.options[index].name!r}) are the same text to the model")
         seen[tuple(ids)] = index
     return tokens

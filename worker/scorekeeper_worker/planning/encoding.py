@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from scorekeeper_worker.contract.errors import BadRequest
+from scorekeeper_worker.base.errors import Invalid
 from scorekeeper_worker.model.loader import ModelKind, ScoringModel
-from scorekeeper_worker.model.special_tokens import BARE_PAIR, PairLayout
+from scorekeeper_worker.model.templates.special_tokens import BARE_PAIR, PairLayout
 from scorekeeper_worker.planning.bounded_tokens import Clipped, bounded_ids
 
 
@@ -65,9 +65,9 @@ def window_bounds(length: int, size: int, max_windows: int, direction: Direction
     return [(max(0, end - size), end) for end in reversed(ends)]
 
 
-def too_long(where: str, length: int, limit: int, hint: str = "", clipped: bool = False) -> BadRequest:
+def too_long(where: str, length: int, limit: int, hint: str = "", clipped: bool = False) -> Invalid:
     """`clipped`: the text was tokenized only up to a bound (planning/bounded_tokens.py), `length` is a lower bound."""
-    return BadRequest(f"{where}: sequence of {'more than ' if clipped else ''}{length} tokens exceeds the model's "
+    return Invalid(f"{where}: sequence of {'more than ' if clipped else ''}{length} tokens exceeds the model's "
                       f"maximum of {limit}{hint}")
 
 
@@ -98,7 +98,7 @@ def fit_item(ids: list[int], room: int, limit: int, rules: LengthRules, where: s
         width = room - len(head)
         if width < 1:
             what = "the model's prompt leaves" if head else "the query leaves"
-            raise BadRequest(f"{where}: {what} no room for a window of it within the model's maximum of {limit} "
+            raise Invalid(f"{where}: {what} no room for a window of it within the model's maximum of {limit} "
                              "tokens")
         return [head + text[a:b] for a, b in window_bounds(len(text), width, rules.max_chunks, rules.direction)]
     if rules.truncate:
@@ -111,7 +111,7 @@ def _vocab_check(model: ScoringModel, sequences: list[list[int]], field_name: st
     for seq in sequences:
         for token in seq:
             if not 0 <= token < size:
-                raise BadRequest(f"{field_name}: token id {token} is out of range [0, {size})")
+                raise Invalid(f"{field_name}: token id {token} is out of range [0, {size})")
 
 
 @dataclass

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scorekeeper_worker.contract.schemas import BadRequest, RequestTooLarge, ScoreRequest
-from scorekeeper_worker.engine.jobs import QUERY_SLOT
-from scorekeeper_worker.engine.packing import PackUnit, Pool
+from scorekeeper_worker.base.errors import Invalid, TooLarge
+from scorekeeper_worker.engine.queue.jobs import QUERY_SLOT
+from scorekeeper_worker.engine.runner.packing import PackUnit, Pool
 from scorekeeper_worker.model.loader import ModelKind, Pooling, ScoringModel
 from scorekeeper_worker.model.sentence_transformers import Prompt
 from scorekeeper_worker.planning import template_encoding
-from scorekeeper_worker.planning.encoding import Direction, LengthRules, Tokenized, encode, plain_tokens
+from scorekeeper_worker.planning.ask import ScoreAsk
+from scorekeeper_worker.planning.encoding import Tokenized, encode, plain_tokens
 from scorekeeper_worker.planning.readout import positions, read_index, rope_table
 
 
@@ -22,25 +23,20 @@ class ScorePlan:
     multi_item: bool
 
 
-def length_rules(request: ScoreRequest) -> LengthRules:
-    return LengthRules(truncate=request.truncate, direction=Direction(request.truncation_direction),
-                       max_item_tokens=request.max_tokens_per_item)
-
-
-def _check_prompt(model: ScoringModel, request: ScoreRequest, text: bool) -> None:
+def _check_prompt(model: ScoringModel, request: ScoreAsk, text: bool) -> None:
     """`instruct` fills the server's prompt template (decoder models only: refused at start-up for others), which
     wraps text pairs only."""
     template = model.template
     if template is not None and text and request.item_first:
-        raise BadRequest("item_first: this server's prompt template (--prompt-template) places the item itself")
+        raise Invalid("item_first: this server's prompt template (--prompt-template) places the item itself")
     if request.instruct is None:
         return
     if template is None:
-        raise BadRequest("instruct: this server has no prompt template (--prompt-template) to put it in")
+        raise Invalid("instruct: this server has no prompt template (--prompt-template) to put it in")
     if not text:
-        raise BadRequest("instruct: token-id inputs are used verbatim, without the prompt template; send text")
+        raise Invalid("instruct: token-id inputs are used verbatim, without the prompt template; send text")
     if not template.has_instruct:
-        raise BadRequest(f"instruct: the prompt template {template.name} has no {{instruct}}")
+        raise Invalid(f"instruct: the prompt template {template.name} has no {{instruct}}")
 
 
 def embedding_prompt(model: ScoringModel, prompt_name: str | None) -> Prompt | None:
@@ -52,25 +48,24 @@ def embedding_prompt(model: ScoringModel, prompt_name: str | None) -> Prompt | N
         return model.sentence_config.prompt(prompt_name)
     except KeyError:
         names = ", ".join(repr(name) for name in sorted(model.sentence_config.prompts))
-        raise BadRequest(f"prompt_name: {prompt_name!r} is not one of this model's prompts ({names})") from None
+        raise Invalid(f"prompt_name: {prompt_name!r} is not one of this model's prompts ({names})") from None
 
 
-def tokenize(model: ScoringModel, request: ScoreRequest, rules: LengthRules | None = None,
-             prompt_name: str | None = None, query_row: bool = True) -> Tokenized:
+def tokenize(model: ScoringModel, request: ScoreAsk) -> Tokenized:
     """The request's sequences: text pairs of a decoder through the server's prompt template when it has one
     (token ids are always used verbatim), everything else joined at token level. An embedding model's texts come
     after its sentence-transformers prompt (`prompt_name`, else its default one), tokenized with it as
-    `SentenceTransformer.encode` does; `query_row` False: the items alone (/v1/embeddings)."""
-    rules = rules or length_rules(request)
-    text = isinstance(request.query, str)
+    `SentenceTransformer.encode` does; `embed`: the items alone (/v1/embeddings)."""
+    rules, query_row = request.rules, not request.embed
+    text = request.text
     _check_prompt(model, request, text)
     if model.template is not None and text:
-        return template_encoding.encode(model, model.template, request.query, request.item_list,  # type: ignore[arg-type]
+        return template_encoding.encode(model, model.template, request.query, request.items,  # type: ignore[arg-type]
                                         request.instruct, rules)
-    prompt = embedding_prompt(model, prompt_name)
+    prompt = embedding_prompt(model, request.prompt_name)
     if not text:  # token ids are used verbatim
         prompt = None
-    query, items = request.query, request.item_list
+    query, items = request.query, request.items
     if prompt is not None:  # the query only when it is embedded (a prompt alone could be over the maximum)
         query = prompt.text + query if query_row else query  # type: ignore[operator]
         items = [prompt.text + item for item in items]  # type: ignore[operator]
@@ -85,9 +80,9 @@ def tokenize(model: ScoringModel, request: ScoreRequest, rules: LengthRules | No
 
 def _too_long(model: ScoringModel, length: int, what: str) -> None:
     if length > model.max_positions:
-        raise BadRequest(f"{what}: sequence of {length} tokens exceeds the model's maximum of {model.max_positions}")
+        raise Invalid(f"{what}: sequence of {length} tokens exceeds the model's maximum of {model.max_positions}")
     if length == 0:
-        raise BadRequest(f"{what}: empty sequence (empty query and empty item, no special tokens) cannot be scored")
+        raise Invalid(f"{what}: empty sequence (empty query and empty item, no special tokens) cannot be scored")
 
 
 def _pooled(pooling: Pooling, length: int, first: int = 0) -> range:
@@ -101,7 +96,7 @@ def admit(planned: int, limit: int | None, how: str, field: str) -> None:
     """The `--max-request-tokens` check, on the planned count, before any unit is built (so a request over it costs
     a pass over its lengths, never the tokens it would plan)."""
     if limit is not None and planned > limit:
-        raise RequestTooLarge(f"{field}: the request would run {planned} tokens through the model ({how}), over this "
+        raise TooLarge(f"{field}: the request would run {planned} tokens through the model ({how}), over this "
                               f"server's limit of {limit} (--max-request-tokens); split it into smaller requests")
 
 
@@ -124,13 +119,12 @@ def mis_chunks(context: int, rows: list[int], max_batch_tokens: int) -> list[ran
     return chunks
 
 
-def plan(model: ScoringModel, request: ScoreRequest, tokens: Tokenized, job: object, multi_item: bool,
-         max_batch_tokens: int, delimiter: int | None, max_request_tokens: int | None = None,
-         query_row: bool = True) -> ScorePlan:
-    """Pack units for one request; `job` is stored in each Pool's owner as (job, row index). Lengths are checked
-    and the planned tokens admitted (`max_request_tokens`) before any unit is built. `query_row`: embedding models
-    embed the query too (False: the items alone, /v1/embeddings)."""
-    start, field = model.position_start, tokens.field
+def plan(model: ScoringModel, request: ScoreAsk, tokens: Tokenized, multi_item: bool, max_batch_tokens: int,
+         delimiter: int | None, max_request_tokens: int | None = None) -> ScorePlan:
+    """Pack units for one request, each pool keyed by the row it fills (an item's index, or QUERY_SLOT). Lengths
+    are checked and the planned tokens admitted (`max_request_tokens`) before any unit is built. Embedding models
+    embed the query too, unless the request embeds its items alone (/v1/embeddings)."""
+    start, field, query_row = model.position_start, tokens.field, not request.embed
     if model.kind == ModelKind.CROSS_ENCODER:
         pair = tokens.pair
         assert pair is not None
@@ -144,7 +138,7 @@ def plan(model: ScoringModel, request: ScoreRequest, tokens: Tokenized, job: obj
             ids, types = pair.join(item, tokens.query) if request.item_first else pair.join(tokens.query, item)
             units.append(PackUnit(ids, token_types=types if model.uses_token_types else None, position_start=start,
                                   positions=positions(model, ids), rope_table=rope_table(model, length),
-                                  pools=[Pool(_pooled(model.pooling, length), (job, row))]))
+                                  pools=[Pool(_pooled(model.pooling, length), row)]))
         return ScorePlan(units, planned, False)
     if model.kind == ModelKind.EMBEDDING:
         sequences = [(QUERY_SLOT, tokens.query)] if query_row else []
@@ -153,7 +147,7 @@ def plan(model: ScoringModel, request: ScoreRequest, tokens: Tokenized, job: obj
             where = "query" if slot == QUERY_SLOT else _where(tokens, slot)
             _too_long(model, len(ids), where)
             if tokens.pool_from >= len(ids):
-                raise BadRequest(f"{where}: nothing left to pool after the model's prompt ({tokens.pool_from} tokens, "
+                raise Invalid(f"{where}: nothing left to pool after the model's prompt ({tokens.pool_from} tokens, "
                                  "which its pooling leaves out: include_prompt false) within its maximum of "
                                  f"{model.max_positions} tokens")
         planned = sum(len(ids) for _, ids in sequences)
@@ -161,14 +155,14 @@ def plan(model: ScoringModel, request: ScoreRequest, tokens: Tokenized, job: obj
                field)
         units = [PackUnit(ids, position_start=start, positions=positions(model, ids),
                           rope_table=rope_table(model, len(ids)),
-                          pools=[Pool(_pooled(model.pooling, len(ids), tokens.pool_from), (job, slot))])
+                          pools=[Pool(_pooled(model.pooling, len(ids), tokens.pool_from), slot)])
                  for slot, ids in sequences]
         return ScorePlan(units, planned, False)
     query = tokens.query
     for row, item in enumerate(tokens.items):
         _too_long(model, len(query) + len(item), _where(tokens, row))
     if multi_item and not request.item_first:
-        return _plan_multi_item(model, tokens, job, max_batch_tokens, delimiter, max_request_tokens)
+        return _plan_multi_item(model, tokens, max_batch_tokens, delimiter, max_request_tokens)
     planned = len(tokens.items) * len(query) + sum(len(item) for item in tokens.items)
     admit(planned, max_request_tokens, "the query is repeated for every item", field)
     units = []
@@ -176,12 +170,12 @@ def plan(model: ScoringModel, request: ScoreRequest, tokens: Tokenized, job: obj
         ids = item + query if request.item_first else query + item
         read = read_index(model, ids)
         units.append(PackUnit(ids, position_start=start, rope_table=rope_table(model, len(ids)),
-                              pools=[Pool(range(read, read + 1), (job, row))]))
+                              pools=[Pool(range(read, read + 1), row)]))
     return ScorePlan(units, planned, False)
 
 
-def _plan_multi_item(model: ScoringModel, tokens: Tokenized, job: object, max_batch_tokens: int,
-                     delimiter: int | None, max_request_tokens: int | None) -> ScorePlan:
+def _plan_multi_item(model: ScoringModel, tokens: Tokenized, max_batch_tokens: int, delimiter: int | None,
+                     max_request_tokens: int | None) -> ScorePlan:
     """`query [D] item1 [D] item2 [D] …` split into chunks that fit the batch budget; every chunk repeats the query.
     Each delimiter closes the row before it, so only the delimiter itself could ever attend to it. Items whose
     sequences take different RoPE tables go to different chunks (the query row is computed with its items' table),
@@ -210,11 +204,11 @@ def _plan_multi_item(model: ScoringModel, tokens: Tokenized, job: object, max_ba
             read = read_index(model, query + items[i])
             offset = read if read < len(query) else unit.num_tokens + read - len(query)
             unit.items.append(items[i] + tail)
-            unit.pools.append(Pool(range(offset, offset + 1), (job, i)))
+            unit.pools.append(Pool(range(offset, offset + 1), i))
         units.append(unit)
     for i in alone:
         ids = query + items[i]
         read = read_index(model, ids)
         units.append(PackUnit(ids, position_start=model.position_start, rope_table=rope_table(model, len(ids)),
-                              pools=[Pool(range(read, read + 1), (job, i))]))
+                              pools=[Pool(range(read, read + 1), i)]))
     return ScorePlan(units, planned, True)

@@ -10,7 +10,7 @@ to cut or chunk (their rows can be much shorter than their text) or go through a
 
 from __future__ import annotations
 
-from scorekeeper_worker.contract.errors import RequestTooLarge
+from scorekeeper_worker.base.errors import TooLarge
 from scorekeeper_worker.model.loader import ScoringModel
 from scorekeeper_worker.planning.bounded_tokens import bounded_ids
 from scorekeeper_worker.planning.encoding import LengthRules
@@ -39,7 +39,7 @@ def refuse_early(model: ScoringModel, query: str | list[int], items: list[str] |
         for i, tokens in enumerate(slice_ids, start):
             counted += len(tokens.ids) if i == 0 or cap is None else min(len(tokens.ids), cap)
         if counted > limit:
-            raise RequestTooLarge(
+            raise TooLarge(
                 f"{rules.field}: the request would run more than {limit} tokens through the model (counted "
                 f"{counted} in its first {end - 1} of {len(texts) - 1} items and the query, each once), over this "
                 "server's limit (--max-request-tokens); split it into smaller requests")

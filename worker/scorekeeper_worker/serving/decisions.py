@@ -9,17 +9,18 @@ queued."""
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from typing import TYPE_CHECKING
 
-from scorekeeper_worker.contract.errors import BadRequest, NonFiniteScore, NotReady, ResponseTooLarge
-from scorekeeper_worker.engine.decision_job import DecisionJob, DecisionResult
-from scorekeeper_worker.model.decision_template import DecisionTemplate
+from scorekeeper_worker.base.config import WorkerConfig
+from scorekeeper_worker.base.errors import Invalid, ResponseTooLarge
+from scorekeeper_worker.engine.queue.decision_job import DecisionJob, DecisionResult
 from scorekeeper_worker.model.loader import ModelKind, ScoringModel
+from scorekeeper_worker.model.templates.decision_template import DecisionTemplate
 from scorekeeper_worker.planning import decision_plan, decision_prompts
 from scorekeeper_worker.planning.decision_prompts import DecisionAsk
 from scorekeeper_worker.planning.encoding import too_long
+from scorekeeper_worker.serving.served import Served, run_job
 
 if TYPE_CHECKING:
     from scorekeeper_worker.serving.service import ScoringService
@@ -43,52 +44,39 @@ def _check_response_bytes(ask: DecisionAsk, model_name: str, limit: int) -> None
                                "ask fewer questions per request")
 
 
-def served_template(service: ScoringService, route: str) -> tuple[ScoringModel, DecisionTemplate]:
-    model = service.model
-    if model is None or service.scheduler is None:
-        raise NotReady("model is loading")
-    if model.kind != ModelKind.CAUSAL_LM or service.decision_template is None:
-        raise BadRequest(f"model: {route} reads answers from a causal LM's next-token probabilities; this server "
-                         f"serves a {model.kind.value} (use /v1/score or /v1/rerank)")
-    return model, service.decision_template
+def served_template(service: ScoringService, route: str) -> tuple[Served, DecisionTemplate]:
+    served = service.loaded()
+    if served.model.kind != ModelKind.CAUSAL_LM or served.decision_template is None:
+        raise Invalid(f"model: {route} reads answers from a causal LM's next-token probabilities; this server "
+                      f"serves a {served.model.kind.value} (use /v1/score or /v1/rerank)")
+    return served, served.decision_template
 
 
 async def decide(service: ScoringService, ask: DecisionAsk, route: str) -> DecisionResult:
     """Each question's probabilities over its options, in order (503 while loading; 400 for another model kind)."""
-    model, template = served_template(service, route)
-    return await service.bounded(_decide(service, model, template, ask))
+    served, template = served_template(service, route)
+    return await service.bounded(_decide(service, served, template, ask))
 
 
-async def _decide(service: ScoringService, model: ScoringModel, template: DecisionTemplate,
+async def _decide(service: ScoringService, served: Served, template: DecisionTemplate,
                   ask: DecisionAsk) -> DecisionResult:
     loop = asyncio.get_running_loop()
-    scheduler = service.scheduler
-    assert scheduler is not None
     started = time.perf_counter()
-    job, plan = await asyncio.to_thread(_prepare, service, model, template, ask, loop)
+    job, plan = await asyncio.to_thread(_prepare, service.config, served.model, template, ask, loop)
     service.metrics.stage_seconds.labels("tokenize").observe(time.perf_counter() - started)
-    queued = scheduler.submit(job, plan.units, plan.prompt_tokens)
-    try:
-        result = await job.future
-    except BaseException:  # cancelled, timed out or failed: nothing of it may stay queued
-        scheduler.cancel(queued)
-        raise
-    if not all(math.isfinite(p) for row in result.probabilities for p in row):
-        raise NonFiniteScore("the model produced a non-finite score for this request (numeric overflow in "
-                             f"{str(model.dtype).removeprefix('torch.')}); no answers are returned")
+    result = await run_job(served, job, plan, lambda r: [p for row in r.probabilities for p in row], "answers")
     for question in ask.questions:
         service.metrics.decision_questions.labels(question.kind.value).inc()
     service.metrics.prompt_tokens.inc(result.prompt_tokens)
     return result
 
 
-def _prepare(service: ScoringService, model: ScoringModel, template: DecisionTemplate, ask: DecisionAsk,
+def _prepare(config: WorkerConfig, model: ScoringModel, template: DecisionTemplate, ask: DecisionAsk,
              loop: asyncio.AbstractEventLoop) -> tuple[DecisionJob, decision_plan.DecisionPlan]:
     """Checks, prompts, tokens and the plan (a worker thread)."""
-    config = service.config
     if len(ask.questions) > config.max_items_per_request:
-        raise BadRequest(f"questions: {len(ask.questions)} questions exceed the limit of "
-                         f"{config.max_items_per_request}")
+        raise Invalid(f"questions: {len(ask.questions)} questions exceed the limit of "
+                      f"{config.max_items_per_request}")
     _check_response_bytes(ask, model.name, config.max_response_bytes)
     input_tokens = decision_prompts.input_tokens(model, ask)
     if input_tokens > model.max_positions:
@@ -99,8 +87,9 @@ def _prepare(service: ScoringService, model: ScoringModel, template: DecisionTem
         model, [decision_prompts.question_text(question) for question in ask.questions])]
     decision_plan.admit_early(input_tokens, own, multi_item, config.max_request_tokens)
     tokens = decision_prompts.tokenize(model, template, ask, options)
-    job = DecisionJob(decision_plan.questions(tokens), loop.create_future(), loop)
-    plan = decision_plan.plan(model, tokens, [q.field for q in ask.questions], job, multi_item,
-                              config.max_batch_tokens, config.max_request_tokens)
-    job.planned(plan.targets, plan.prompt_tokens, plan.multi_item)
+    plan = decision_plan.plan(model, tokens, [q.field for q in ask.questions], multi_item, config.max_batch_tokens,
+                              config.max_request_tokens)
+    job = DecisionJob(questions=decision_plan.questions(tokens), targets=plan.targets,
+                      prompt_tokens=plan.prompt_tokens, multi_item=plan.multi_item, future=loop.create_future(),
+                      loop=loop)
     return job, plan

@@ -1,0 +1,121 @@
+"""Memory is bounded by the batch, not by the square of a row's length: sliding-window (Mistral) and soft-capped
+(Gemma2) attention, the explicit path other devices take, and the causal-LM vocabulary normaliser work in tiles.
+
+Measured deterministically: a TorchDispatchMode records the largest storage any op produces during the forward. With
+a small tile, a long item never allocates more than the tile or a tensor linear in its length, and its scores equal
+the untiled ones (the untiled run, with the default tile, is shown to allocate the full L × L matrix)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import scorekeeper_worker.engine.runner.heads as heads
+import scorekeeper_worker.model.kernels.tiled as kernels
+import torch
+from packed_units import mixed_units
+from scorekeeper_worker.base.config import DType
+from scorekeeper_worker.engine.runner.forward import pooled_rows
+from scorekeeper_worker.engine.runner.packing import PackUnit, Pool, build_inputs
+from scorekeeper_worker.model.loader import ScoringModel, load_model
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+LENGTH = 2000  # the tiny models allow 2048 positions
+SMALL_TILE = 1 << 16  # elements: 256 KB of float32
+FLOAT32 = 4
+
+
+class LargestAllocation(TorchDispatchMode):
+    """The largest storage (bytes) produced by any op while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self.largest = max(self.largest, leaf.untyped_storage().nbytes())
+        return out
+
+
+def _long_item(model: ScoringModel, length: int) -> list[PackUnit]:
+    rng = random.Random(length)
+    ids = [rng.randrange(10, 120) for _ in range(length)]
+    short = [rng.randrange(10, 120) for _ in range(37)]  # a second row, so the block holds padding too
+    return [PackUnit(ids, pools=[Pool(range(length - 1, length), 0)]),
+            PackUnit(short, pools=[Pool(range(36, 37), 1)])]
+
+
+def _forward(model: ScoringModel, units: list[PackUnit]) -> tuple[torch.Tensor, int]:
+    with torch.inference_mode(), LargestAllocation() as recorder:
+        pooled = pooled_rows(model, build_inputs(units, torch.device("cpu")))
+    return pooled, recorder.largest
+
+
+def _linear_bytes(model: ScoringModel, tokens: int) -> int:
+    """The largest activation a forward needs in any case: tokens × the widest layer (float32)."""
+    config = model.model.config
+    width = max(config.hidden_size, config.intermediate_size, config.num_attention_heads * config.head_dim)
+    return tokens * width * FLOAT32
+
+
+@pytest.mark.parametrize(("name", "emulate_gpu"), [("mistral-cls3", False), ("gemma2-cls3", False),
+                                                   ("qwen3-causal", True)])
+def test_a_long_item_allocates_tiles_not_its_square(name: str, emulate_gpu: bool, tiny_model: Callable[[str], Path],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """mistral: a sliding window (fused kernel, masked tiles); gemma2: softcapping (explicit tiles); qwen3 with the
+    fused kernel switched off: the explicit path of other devices."""
+    model = load_model(tiny_model(name), DType.FLOAT32, "cpu", name)
+    if emulate_gpu:
+        monkeypatch.setattr(kernels, "fused_kernel", lambda device: False)
+    units = _long_item(model, LENGTH)
+    untiled, untiled_largest = _forward(model, units)
+    assert untiled_largest >= LENGTH * LENGTH * FLOAT32  # the default tile holds this item's whole matrix
+    monkeypatch.setattr(kernels, "TILE_ELEMENTS", SMALL_TILE)
+    tiled, largest = _forward(model, units)
+    tokens = sum(unit.num_tokens for unit in units)
+    assert largest <= max(SMALL_TILE * FLOAT32, _linear_bytes(model, tokens + 1)), (largest, untiled_largest)
+    torch.testing.assert_close(tiled, untiled, rtol=1e-5, atol=1e-5)
+
+
+def test_the_vocabulary_normaliser_runs_in_row_chunks(tiny_model: Callable[[str], Path],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    model = load_model(tiny_model("qwen3-causal"), DType.FLOAT32, "cpu", "qwen3-causal")
+    rows = torch.randn(1000, model.hidden_size, generator=torch.Generator().manual_seed(0))
+    labels = torch.tensor([[1, 2]] * 1000)
+    with torch.inference_mode(), LargestAllocation() as whole:
+        expected = heads.causal_lm_scores(model, rows, labels, False, 1.0)
+    assert whole.largest >= 1000 * model.logit_size * FLOAT32
+    monkeypatch.setattr(heads, "NORMALISER_ELEMENTS", 16 * model.logit_size)
+    with torch.inference_mode(), LargestAllocation() as chunked:
+        scores = heads.causal_lm_scores(model, rows, labels, False, 1.0)
+    # Besides the chunk's logits only the label rows of the output embedding are gathered: [rows, labels, hidden].
+    assert chunked.largest <= max(16 * model.logit_size, 1000 * 2 * model.hidden_size) * FLOAT32
+    torch.testing.assert_close(scores, expected, rtol=1e-6, atol=1e-7)
+
+
+def _mixed_batch(model: ScoringModel) -> list[PackUnit]:
+    """Rows of different lengths (padded blocks) and, for decoders, multi-item groups with a delimiter."""
+    groups = ((45, [5, 30, 0, 12]), (80, [40, 3])) if model.is_decoder else ()
+    return mixed_units(model, random.Random(7), (3, 50, 61, 140), groups)
+
+
+@pytest.mark.parametrize("emulate_gpu", [False, True])
+@pytest.mark.parametrize("name", ["mistral-cls3", "gemma2-cls3", "qwen3-causal", "bert-cross"])
+def test_tiling_never_changes_scores(name: str, emulate_gpu: bool, tiny_model: Callable[[str], Path],
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiles of a few queries, windows shorter than rows, multi-item views and key padding: the same pooled rows."""
+    model = load_model(tiny_model(name), DType.FLOAT32, "cpu", name)
+    if emulate_gpu:
+        monkeypatch.setattr(kernels, "fused_kernel", lambda device: False)
+    units = _mixed_batch(model)
+    expected, _ = _forward(model, units)
+    monkeypatch.setattr(kernels, "TILE_ELEMENTS", 1 << 9)
+    tiled, _ = _forward(model, units)
+    torch.testing.assert_close(tiled, expected, rtol=1e-5, atol=1e-5)

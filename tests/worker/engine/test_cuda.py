@@ -1,0 +1,64 @@
+"""GPU checks (marked `cuda`, skipped without an NVIDIA GPU): captured graphs replay like eager for every bucket,
+FlexAttention compiled through Triton equals the row-block reference, pinned copies return the right values.
+
+bench/gpu_check.py runs the same checks plus timings in one command; see docs/gpu.md."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from scorekeeper_worker.base.config import DType
+from scorekeeper_worker.engine.runner.cuda_graphs import GraphRunner
+from scorekeeper_worker.engine.runner.device_copy import host_vectors
+from scorekeeper_worker.engine.runner.forward import pooled_rows
+from scorekeeper_worker.engine.runner.packing import build_inputs
+from scorekeeper_worker.model.kernels.attention import LayoutKind
+from scorekeeper_worker.model.loader import load_model
+from test_graph_shaped import DELIMITER, batches_for
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
+
+BUCKETS = (64, 128, 256, 512)
+
+
+@pytest.mark.parametrize("kind", [LayoutKind.DENSE, LayoutKind.FLEX])
+@pytest.mark.parametrize("name", ["qwen3-cls3", "gemma2-reward", "bert-embed"])
+def test_replay_equals_eager_for_every_bucket(name: str, kind: LayoutKind, tiny_model: Callable[[str], Path]) -> None:
+    model = load_model(tiny_model(name), DType.FLOAT32, "cuda", name)
+    failures: list[int] = []
+    runner = GraphRunner(model, kind, BUCKETS, max_tokens=BUCKETS[-1], max_seqs=64,
+                         on_capture_failure=lambda: failures.append(1))
+    runner.capture()
+    assert not failures and all(b.graph is not None for b in runner.buckets)
+    with torch.inference_mode():
+        for bucket in runner.buckets:
+            delimiter = DELIMITER if model.is_decoder else None
+            for batch_kind, units in batches_for(model, bucket.tokens, delimiter, BUCKETS).items():
+                assert runner.select(units) is bucket
+                batch = runner.load(bucket, units)
+                replayed = runner.forward(bucket)[: len(batch.owners)].clone()
+                same_shapes = pooled_rows(model, bucket.static)[: len(batch.owners)]  # eager on the same buffers
+                torch.testing.assert_close(replayed, same_shapes, rtol=1e-5, atol=1e-5, msg=batch_kind)
+                reference = pooled_rows(model, build_inputs(units, model.device))
+                torch.testing.assert_close(replayed, reference, rtol=1e-4, atol=1e-4, msg=batch_kind)
+
+
+@pytest.mark.parametrize("name", ["qwen3-causal", "gemma2-cls3", "bert-cross"])
+def test_compiled_flex_equals_sdpa(name: str, tiny_model: Callable[[str], Path]) -> None:
+    model = load_model(tiny_model(name), DType.FLOAT32, "cuda", name)
+    units = batches_for(model, 512, DELIMITER if model.is_decoder else None, BUCKETS)["mixed" if model.is_decoder
+                                                                                      else "single"]
+    with torch.inference_mode():
+        flex = pooled_rows(model, build_inputs(units, model.device, LayoutKind.FLEX))
+        reference = pooled_rows(model, build_inputs(units, model.device))
+    torch.testing.assert_close(flex, reference, rtol=1e-4, atol=1e-4)
+
+
+def test_pinned_copy_returns_the_values() -> None:
+    rows = torch.randn(7, 96, device="cuda", dtype=torch.bfloat16)
+    vectors, seconds, nbytes = host_vectors(rows)
+    assert vectors == rows.float().cpu().tolist()
+    assert seconds > 0 and nbytes == 7 * 96 * 2

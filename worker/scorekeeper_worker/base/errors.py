@@ -1,0 +1,67 @@
+"""Domain errors: what the worker refuses and why, in its own words. They know nothing of HTTP; the edge
+(`api/error_shape.py`) gives each its status code, type and headers, in one table.
+
+Every message names what is at fault (a request field first: `items[2]: ...`), because it reaches the client as is.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class ScoringError(Exception):
+    """A refusal the worker means to give; anything else that escapes a request is an internal error."""
+
+    # scorekeeper_rejected_requests_total{reason}: set on refusals that protect capacity.
+    reason: ClassVar[str | None] = None
+    # scorekeeper_cancelled_requests_total{reason}: set on requests whose queued work was dropped.
+    cancelled: ClassVar[str | None] = None
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0])
+
+    def __str__(self) -> str:  # pydantic reads str() of a ValueError raised in a validator
+        return self.message
+
+
+class Invalid(ScoringError, ValueError):
+    """The request is wrong; the message names the field. A ValueError too, so pydantic validators may raise it."""
+
+
+class ResponseTooLarge(Invalid):
+    """The response could exceed --max-response-bytes: refused before any work."""
+
+    reason = "response_bytes"
+
+
+class TooLarge(ScoringError):
+    """The request would run more tokens through the model than --max-request-tokens (planned, before queueing)."""
+
+    reason = "request_tokens"
+
+
+class Overloaded(ScoringError):
+    """The queue is full (or the worker is stopping); the client should retry later."""
+
+    reason = "queue_full"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"server busy: {message}")
+
+
+class NotReady(ScoringError):
+    """The model is loading or warming up, or the worker is draining."""
+
+
+class Timeout(ScoringError):
+    """The request ran past its deadline (--request-timeout-seconds); its remaining work is dropped."""
+
+    cancelled = "timeout"
+
+
+class NonFiniteScore(ScoringError):
+    """The model's output overflowed: an internal error, never a score of NaN or inf."""

@@ -1,0 +1,176 @@
+"""Continuous batching: a bounded token queue drained by the one thread that owns the model.
+
+Admission: a request is admitted while the queued tokens stay within `max_queue_tokens`, or into an empty queue
+(every request is already under `--max-request-tokens`, checked when it is planned); else `Overloaded` → 429.
+Batches are filled fairly across open requests (`engine/queue/batching.py`), so one request never holds the model for others.
+A request that is cancelled (client gone, timeout) or whose batch failed loses its queued units at once; units
+already in the running batch finish and their rows are discarded."""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+from scorekeeper_worker.base.errors import Overloaded
+from scorekeeper_worker.base.metrics import WorkerMetrics, size_class
+from scorekeeper_worker.engine.queue.batching import OpenRequest, arrival_turn, take_batch
+from scorekeeper_worker.engine.queue.jobs import Job
+from scorekeeper_worker.engine.runner.executor import BatchStats, Executor
+from scorekeeper_worker.engine.runner.packing import PackUnit
+
+log = logging.getLogger(__name__)
+
+# Sees every batch (job and unit per entry) on the model thread just before it runs. A test hook: observing batch
+# composition, or holding the model thread so that a test sets up the queue deterministically, never by timing.
+BatchObserver = Callable[[list[tuple[Job, PackUnit]]], None]
+
+
+class Plan(Protocol):
+    """What the queue needs of a request's plan: its units (pools keyed by the job's slots) and their tokens."""
+
+    units: list[PackUnit]
+    prompt_tokens: int
+
+
+class Scheduler:
+    def __init__(self, executor: Executor, max_batch_tokens: int, max_queue_tokens: int,
+                 metrics: WorkerMetrics) -> None:
+        self.executor = executor
+        self.max_batch_tokens = max_batch_tokens
+        self.max_queue_tokens = max_queue_tokens
+        self.metrics = metrics
+        self.observer: BatchObserver | None = None
+        self._waiting: list[OpenRequest] = []  # requests with queued units, in turn order
+        self._queued_tokens = 0
+        self._open = 0  # admitted and not finished
+        self._formed = 0  # batches formed so far
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="scorekeeper-model", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def open_requests(self) -> int:
+        """Requests admitted and not finished (queued or running)."""
+        return self._open
+
+    @property
+    def queued_tokens(self) -> int:
+        """Tokens admitted and not yet taken into a batch."""
+        return self._queued_tokens
+
+    def submit(self, job: Job, plan: Plan) -> OpenRequest:
+        """Admit a request's planned units with the job that absorbs their rows (429 when the queue is full); the
+        handle cancels it. Constant work besides copying the unit list: it runs on the event loop."""
+        tokens = plan.prompt_tokens
+        request = OpenRequest(job, deque(plan.units), tokens, size_class(tokens, self.max_batch_tokens))
+        with self._cond:
+            if self._stopping:
+                raise Overloaded("shutting down")
+            if self._queued_tokens and self._queued_tokens + tokens > self.max_queue_tokens:
+                raise Overloaded(f"queue holds {self._queued_tokens} tokens; limit {self.max_queue_tokens}")
+            job.enqueued_at = time.perf_counter()
+            job.remaining = sum(len(unit.pools) for unit in plan.units)
+            request.turn = arrival_turn(self._formed)
+            bisect.insort(self._waiting, request, key=lambda r: r.turn)
+            self._queued_tokens += request.queued_tokens
+            self._open += 1
+            self._publish()
+            self._cond.notify()
+        return request
+
+    def cancel(self, request: OpenRequest) -> None:
+        """Drop a request's queued work now (its client went away, or it timed out)."""
+        with self._cond:
+            self._close(request)
+
+    def stop(self, timeout: float) -> None:
+        """Refuse new work, let queued work finish (drain), then end the model thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    def _close(self, request: OpenRequest) -> None:
+        """Forget a finished, failed or cancelled request (the lock is held; closing twice is a no-op)."""
+        if request.closed:
+            return
+        request.closed = True
+        if request.units:
+            self._waiting.remove(request)
+            self._queued_tokens -= request.queued_tokens
+            request.units.clear()
+            request.queued_tokens = 0
+        self._open -= 1
+        self._publish()
+
+    def _publish(self) -> None:
+        self.metrics.queue_tokens.set(self._queued_tokens)
+        self.metrics.queue_depth.set(self._open)
+
+    def _next_batch(self) -> list[tuple[OpenRequest, PackUnit]]:
+        """The next batch; empty once stopping and drained."""
+        with self._cond:
+            while not self._waiting and not self._stopping:
+                self._cond.wait()
+            if not self._waiting:
+                return []
+            batch, self._waiting = take_batch(self._waiting, self.max_batch_tokens, self._formed)
+            self._formed += 1
+            self._queued_tokens -= sum(unit.num_tokens for _, unit in batch)
+            self._publish()
+            return batch
+
+    def _loop(self) -> None:
+        while batch := self._next_batch():
+            requests = list({id(request): request for request, _ in batch}.values())
+            self._started(requests)
+            if self.observer is not None:
+                self.observer([(request.job, unit) for request, unit in batch])
+            try:
+                stats = self.executor.run([(request.job, unit) for request, unit in batch])
+            except Exception as error:  # a failing batch fails its requests, never the server
+                log.exception("batch of %d units failed", len(batch))
+                with self._cond:
+                    for request in requests:
+                        if not request.closed:
+                            request.job.fail(error)
+                        self._close(request)
+                continue
+            self._observe(stats, len(requests))
+            with self._cond:
+                for request in requests:
+                    if request.job.remaining == 0 and not request.closed:
+                        request.job.finish()
+                        self._close(request)
+
+    def _started(self, requests: list[OpenRequest]) -> None:
+        now = time.perf_counter()
+        for request in requests:
+            if not request.started:
+                request.started = True
+                request.job.started_at = now
+                waited = now - request.job.enqueued_at
+                self.metrics.stage_seconds.labels("queue").observe(waited)
+                self.metrics.queue_wait_seconds.labels(request.size).observe(waited)
+
+    def _observe(self, stats: BatchStats, requests: int) -> None:
+        m = self.metrics
+        m.batch_requests.observe(requests)
+        m.batch_sequences.observe(stats.sequences)
+        m.batch_tokens.observe(stats.tokens)
+        m.padding_tokens.inc(stats.padding_tokens)
+        m.stage_seconds.labels("forward").observe(stats.inputs_seconds + stats.forward_seconds)
+        m.stage_seconds.labels("scoring").observe(stats.scoring_seconds)
+        m.graph_runs.labels(stats.graph_path, stats.graph_bucket).inc()
+        if stats.copies.vectors:
+            m.hidden_copy_bytes.inc(stats.copies.bytes)
+            m.hidden_copy_vectors.inc(stats.copies.vectors)
+            m.hidden_copy_seconds.observe(stats.copies.seconds)

@@ -1,0 +1,183 @@
+"""CUDA graphs by total-token bucket, multi-item scoring included.
+
+One graph per bucket of `--cuda-graph-token-buckets`, each over static buffers of the bucket's fixed shapes
+(`packing.GraphShape`): packed ids, positions, token types, the per-token attention metadata (segment, query segment,
+offset in row, visible prefix: where sequences and items start and end) and the pool buffers (token, slot, weight).
+A batch takes the smallest bucket it fits, is packed by the same `build_inputs` as eager batches with padding up to
+the bucket, copied into the buffers, replayed; the caller reads only its live pooled rows. Nothing baked into a graph
+is a live value: shapes are bucket bounds, every boundary is in a buffer, masks are computed inside the graph.
+
+Multi-item scoring stays on: boundaries are computed on the host from token counts, never by finding delimiter
+tokens in device tensors, so padding (whatever its token id) cannot create a false item boundary (the reason SGLang
+turns graphs off under MIS).
+
+Without CUDA the same buffers, padding and bucket choice run eagerly ("padded" path), which is how the CPU tests
+prove padded batches give the scores of unpadded ones. A failed capture (or a captured graph that disagrees with
+eager on a probe batch) leaves its bucket to the eager path, with a log line and a metric.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from scorekeeper_worker.engine.runner.forward import pooled_rows
+from scorekeeper_worker.engine.runner.packing import ForwardInputs, GraphShape, PackUnit, Pool, build_inputs, fits
+from scorekeeper_worker.model.kernels.attention import LayoutKind
+from scorekeeper_worker.model.loader import ScoringModel
+
+log = logging.getLogger(__name__)
+
+WARMUP_RUNS = 2  # before capture: lazy initialisation, cuBLAS workspaces, Triton compilation
+
+
+@dataclass
+class Bucket:
+    shape: GraphShape
+    static: ForwardInputs  # the buffers every batch of this bucket is copied into
+    graph: torch.cuda.CUDAGraph | None = None
+    output: torch.Tensor | None = None  # [sequences + 1, H] pooled rows written by the graph
+    disabled: bool = False  # capture failed: its batches run eager
+
+    @property
+    def tokens(self) -> int:
+        return self.shape.tokens
+
+
+def copy_into(static: ForwardInputs, batch: ForwardInputs) -> None:
+    """Refill static buffers in place (host → device, asynchronous where the source allows)."""
+    for target, source in zip(static.tensors(), batch.tensors(), strict=True):
+        if target.shape != source.shape:
+            raise ValueError(f"static buffer {tuple(target.shape)} cannot take {tuple(source.shape)}")
+        target.copy_(source, non_blocking=True)
+
+
+def probe_units(shape: GraphShape, vocab: int, position_start: int, seed: int = 0) -> list[PackUnit]:
+    """A deterministic batch of about half a bucket: plain sequences and one multi-item unit, random token ids. It
+    differs from the all-padding capture batch, so a value baked into a graph shows up as a mismatch."""
+    rng = random.Random(seed + shape.tokens)
+
+    def ids(count: int) -> list[int]:
+        return [rng.randrange(vocab) for _ in range(count)]
+
+    budget, slots = max(1, shape.tokens // 2), shape.sequences
+    units: list[PackUnit] = []
+    if budget >= 8 and slots >= 3:
+        query, items = ids(budget // 4), [ids(max(1, budget // 12)) for _ in range(3)]
+        unit = PackUnit(query, items=items, visible_prefix=len(query), position_start=position_start)
+        end = len(query)
+        for i, item in enumerate(items):
+            end += len(item)
+            unit.pools.append(Pool(range(end - 1, end), i))
+        units.append(unit)
+        budget -= unit.num_tokens
+        slots -= 3
+    while budget > 0 and slots > 0:
+        length = min(budget, rng.randint(1, max(1, shape.tokens // 8)))
+        units.append(PackUnit(ids(length), position_start=position_start,
+                              pools=[Pool(range(length - 1, length), len(units))]))
+        budget -= length
+        slots -= 1
+    return units
+
+
+class GraphRunner:
+    """The buckets of one model: selection, static buffers, capture (CUDA), replay and fallback."""
+
+    def __init__(self, model: ScoringModel, kind: LayoutKind, buckets: Sequence[int], max_tokens: int,
+                 max_seqs: int, capture: bool | None = None, pad_token: int = 0,
+                 on_capture_failure: Callable[[], None] | None = None) -> None:
+        if kind == LayoutKind.BLOCKS:
+            raise ValueError("graph buckets need a token layout (dense or flex)")
+        self.model = model
+        self.kind = kind
+        self.eager_kind = LayoutKind.BLOCKS if kind == LayoutKind.DENSE else kind
+        self.max_tokens = max_tokens
+        self.capture_enabled = (model.device.type == "cuda" and torch.cuda.is_available()) if capture is None \
+            else capture
+        self.on_capture_failure = on_capture_failure
+        shapes = [GraphShape(tokens, max_seqs, model.uses_token_types, pad_token)
+                  for tokens in sorted(set(buckets)) if tokens <= max_tokens]
+        # Inference tensors, like every eager batch: compiled kernels (flex) guard on the tensors' dispatch keys, so
+        # plain tensors here would compile every variant a second time.
+        with torch.inference_mode():
+            self.buckets = [Bucket(shape, build_inputs([], model.device, kind, shape)) for shape in shapes]
+
+    def select(self, units: list[PackUnit]) -> Bucket | None:
+        """The smallest usable bucket the batch fits, or None (run eager)."""
+        if sum(u.num_tokens for u in units) > self.max_tokens:
+            return None
+        return next((b for b in self.buckets if not b.disabled and fits(units, b.shape)), None)
+
+    def load(self, bucket: Bucket, units: list[PackUnit]) -> ForwardInputs:
+        """Pack the batch padded to the bucket (on the host) and copy it into the bucket's buffers; returns the host
+        inputs (readouts, live token counts)."""
+        batch = build_inputs(units, torch.device("cpu"), self.kind, bucket.shape)
+        copy_into(bucket.static, batch)
+        return batch
+
+    def forward(self, bucket: Bucket) -> torch.Tensor:
+        """Pooled rows of the loaded batch: [sequences + 1, H], the live rows first."""
+        if bucket.graph is not None:
+            bucket.graph.replay()
+            assert bucket.output is not None
+            return bucket.output
+        return pooled_rows(self.model, bucket.static)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture every bucket, largest first, into one memory pool (smaller graphs reuse the larger ones' memory;
+        replays never overlap). Without CUDA: say once that the padded path runs without capture."""
+        sizes = ",".join(str(b.tokens) for b in self.buckets)
+        if not self.capture_enabled:
+            log.info("CUDA graphs: no CUDA device, so batches run the padded, bucketed path (buckets %s) without "
+                     "capture", sizes)
+            return
+        pool = None
+        for bucket in reversed(self.buckets):
+            try:
+                pool = pool or torch.cuda.graph_pool_handle()
+                self._capture(bucket, pool)
+                self._check(bucket)
+            except Exception as error:  # one bad bucket must never stop the worker: it runs eager
+                bucket.graph, bucket.output, bucket.disabled = None, None, True
+                # A pool lives as long as a graph holds it, and a failed capture can leave it inconsistent: the next
+                # bucket starts a new one (reusing it failed every later capture with an allocator assert on an H200).
+                pool = None
+                log.error("CUDA graph capture of the %d-token bucket failed, its batches run eager: %s: %s",
+                          bucket.tokens, type(error).__name__, error)
+                if self.on_capture_failure is not None:
+                    self.on_capture_failure()
+        captured = [str(b.tokens) for b in self.buckets if b.graph is not None]
+        log.info("CUDA graphs captured for token buckets %s (configured %s)", ",".join(captured) or "none", sizes)
+
+    def _capture(self, bucket: Bucket, pool: tuple[int, int]) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_RUNS):
+                pooled_rows(self.model, bucket.static)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            output = pooled_rows(self.model, bucket.static)
+        torch.cuda.synchronize()
+        bucket.graph, bucket.output = graph, output
+
+    def _check(self, bucket: Bucket) -> None:
+        """Replay on a probe batch unlike the capture data and compare with eager: a graph that baked in a value
+        (or a kernel that misbehaves under capture) is caught here, before serving."""
+        model = self.model
+        units = probe_units(bucket.shape, model.model.get_input_embeddings().num_embeddings, model.position_start)
+        batch = self.load(bucket, units)
+        replayed = self.forward(bucket)[: len(batch.readouts)].float()
+        expected = pooled_rows(model, build_inputs(units, model.device, self.eager_kind)).float()
+        tolerance = (1e-3 if model.dtype == torch.float32 else 5e-2) * max(1.0, expected.abs().max().item())
+        error = (replayed - expected).abs().max().item()
+        if not error <= tolerance:
+            raise RuntimeError(f"replay differs from eager by {error:.3g} (tolerance {tolerance:.3g})")

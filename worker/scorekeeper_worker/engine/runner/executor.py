@@ -1,0 +1,91 @@
+"""The only code that runs the model: pack units → one forward on the packed batch → pooled rows → job scores.
+
+The runner never keeps jobs: a batch arrives as (job, unit) pairs from the queue, and each job absorbs the pooled
+rows of its own units."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from scorekeeper_worker.engine.runner.cuda_graphs import GraphRunner
+from scorekeeper_worker.engine.runner.device_copy import CopyStats
+from scorekeeper_worker.engine.runner.forward import PaddedTrunk, pooled_rows
+from scorekeeper_worker.engine.runner.packing import PackUnit, build_inputs
+from scorekeeper_worker.model.kernels.attention import LayoutKind
+from scorekeeper_worker.model.loader import ScoringModel
+
+
+class Job(Protocol):
+    """What the runner needs of a request's job: it takes the scores of its pooled rows (slot = the pool's slot)."""
+
+    def absorb(self, model: ScoringModel, slots: list[int], rows: torch.Tensor, copies: CopyStats) -> None: ...
+
+
+@dataclass
+class BatchStats:
+    sequences: int
+    tokens: int
+    padding_tokens: int
+    inputs_seconds: float
+    forward_seconds: float
+    scoring_seconds: float
+    copies: CopyStats
+    graph_path: str = "eager"  # "graph" (replayed), "padded" (bucket shapes, run eagerly: no CUDA) or "eager"
+    graph_bucket: str = "none"  # the token bucket, for graph and padded batches
+
+
+class Executor:
+    def __init__(self, model: ScoringModel, backend: str = "sdpa", graphs: GraphRunner | None = None,
+                 trunk: PaddedTrunk | None = None) -> None:
+        self.model = model
+        # Padded models and other trunk backends run on the row blocks of the BLOCKS layout (forward.padded_hidden).
+        self.eager_kind = LayoutKind.FLEX if backend == "flex" and model.packed and trunk is None else LayoutKind.BLOCKS
+        self.graphs = graphs
+        self.trunk = trunk
+
+    @torch.inference_mode()
+    def run(self, batch: list[tuple[Job, PackUnit]]) -> BatchStats:
+        """Score a batch: every job absorbs the rows of its units (the caller finishes the complete ones)."""
+        started = time.perf_counter()
+        units = [unit for _, unit in batch]
+        bucket = self.graphs.select(units) if self.graphs is not None else None
+        if bucket is None:
+            inputs = build_inputs(units, self.model.device, self.eager_kind)
+            packed = time.perf_counter()
+            pooled = pooled_rows(self.model, inputs, self.trunk)
+            path, label = "eager", "none"
+        else:
+            assert self.graphs is not None
+            inputs = self.graphs.load(bucket, units)
+            packed = time.perf_counter()
+            pooled = self.graphs.forward(bucket)
+            path, label = ("graph" if bucket.graph is not None else "padded"), str(bucket.shape.tokens)
+        if pooled.is_cuda:
+            torch.cuda.synchronize()
+        forwarded = time.perf_counter()
+        by_job: dict[int, tuple[Job, list[int], list[int]]] = {}
+        for row, readout in enumerate(inputs.readouts):
+            job = batch[readout.unit][0]
+            entry = by_job.setdefault(id(job), (job, [], []))
+            entry[1].append(readout.slot)
+            entry[2].append(row)
+        copies = CopyStats()
+        for job, slots, rows in by_job.values():
+            job.absorb(self.model, slots, pooled[rows], copies)
+        scored = time.perf_counter()
+        stats = BatchStats(
+            sequences=len(units),
+            tokens=inputs.num_tokens,
+            padding_tokens=inputs.padding_tokens,
+            inputs_seconds=packed - started,
+            forward_seconds=forwarded - packed,
+            scoring_seconds=scored - forwarded,
+            copies=copies,
+            graph_path=path,
+            graph_bucket=label,
+        )
+        return stats
