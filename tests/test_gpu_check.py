@@ -13,13 +13,13 @@ import torch
 from scorekeeper_worker.base.config import DType
 from scorekeeper_worker.engine.runner.forward import pooled_rows
 from scorekeeper_worker.engine.runner.packing import build_inputs
+from scorekeeper_worker.library import token_batches
 from scorekeeper_worker.model.loader import load_model
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 
 import gpu_mis  # noqa: E402
-from common import token_batches  # noqa: E402
 
 
 def test_mis_batch_is_the_single_item_sequences(tmp_path: Path) -> None:
@@ -28,7 +28,7 @@ def test_mis_batch_is_the_single_item_sequences(tmp_path: Path) -> None:
     assert unit.num_tokens == 21 + 7 * 6 and [u.num_tokens for u in singles] == [25] * 7
     for i, single in enumerate(singles):  # the item's tokens, read at its last token, after the same query
         assert single.context == unit.context[:20] + unit.items[i][:-1]
-    batches = token_batches(singles, max_tokens=60)
+    batches = token_batches(singles, 60, lambda unit: unit.num_tokens)
     assert [len(b) for b in batches] == [2, 2, 2, 1]
     with torch.inference_mode():
         mis = pooled_rows(model, build_inputs([unit], model.device))

@@ -75,7 +75,7 @@ def _pooled(model: ScoringModel, units: list[PackUnit], kind: LayoutKind,
     with torch.inference_mode():
         inputs = build_inputs(units, CPU, kind, shape)
         rows = pooled_rows(model, inputs)
-    return dict(zip(inputs.owners, rows, strict=False))
+    return dict(zip([readout.slot for readout in inputs.readouts], rows, strict=False))
 
 
 @pytest.mark.parametrize("name", ["qwen3-causal", "mistral-causal", "gemma2-causal", "llama-causal"])

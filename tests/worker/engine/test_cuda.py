@@ -39,8 +39,8 @@ def test_replay_equals_eager_for_every_bucket(name: str, kind: LayoutKind, tiny_
             for batch_kind, units in batches_for(model, bucket.tokens, delimiter, BUCKETS).items():
                 assert runner.select(units) is bucket
                 batch = runner.load(bucket, units)
-                replayed = runner.forward(bucket)[: len(batch.owners)].clone()
-                same_shapes = pooled_rows(model, bucket.static)[: len(batch.owners)]  # eager on the same buffers
+                replayed = runner.forward(bucket)[: len(batch.readouts)].clone()
+                same_shapes = pooled_rows(model, bucket.static)[: len(batch.readouts)]  # eager on the same buffers
                 torch.testing.assert_close(replayed, same_shapes, rtol=1e-5, atol=1e-5, msg=batch_kind)
                 reference = pooled_rows(model, build_inputs(units, model.device))
                 torch.testing.assert_close(replayed, reference, rtol=1e-4, atol=1e-4, msg=batch_kind)

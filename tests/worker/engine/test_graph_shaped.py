@@ -139,7 +139,7 @@ def test_padded_batches_equal_unpadded_ones_in_every_bucket(name: str, fused: bo
             for kind, units in batches_for(model, bucket.tokens, DELIMITER if model.is_decoder else None).items():
                 assert runner.select(units) is bucket, kind  # the smallest bucket that fits
                 batch = runner.load(bucket, units)
-                live = len(batch.owners)
+                live = len(batch.readouts)
                 padded = runner.forward(bucket)
                 assert padded.shape[0] == MAX_SEQS + 1  # the bucket's slots and the scratch one
                 unpadded = pooled_rows(model, build_inputs(units, CPU, LayoutKind.DENSE))
@@ -167,7 +167,7 @@ def test_capture_probe_agrees_with_row_blocks(name: str, fused: bool, models: Ca
             for bucket in runner.buckets:
                 units = probe_units(bucket.shape, vocab, model.position_start)
                 batch = runner.load(bucket, units)
-                padded = runner.forward(bucket)[: len(batch.owners)]
+                padded = runner.forward(bucket)[: len(batch.readouts)]
                 reference = pooled_rows(model, build_inputs(units, CPU))
                 torch.testing.assert_close(padded, reference, rtol=1e-5, atol=1e-5, msg=f"{kind} {bucket.tokens}")
                 runner._check(bucket)  # the capture's own check, at its tolerance
@@ -186,7 +186,7 @@ def test_delimiter_valued_padding_changes_no_score(kind: LayoutKind, models: Cal
             assert bucket is not None and bucket.tokens == 128
             batch = runner.load(bucket, units)
             assert (batch.input_ids[0, batch.num_tokens:] == pad_token).all()
-            results.append(runner.forward(bucket)[: len(batch.owners)].clone())
+            results.append(runner.forward(bucket)[: len(batch.readouts)].clone())
         unpadded = pooled_rows(model, build_inputs(units, CPU, kind))
     for result in results:
         assert torch.equal(result, unpadded)
@@ -202,7 +202,7 @@ def test_static_buffers_are_refilled_between_batches(models: Callable[[str], Sco
             bucket = runner.select(units)
             assert bucket is not None and bucket.tokens == 64
             batch = runner.load(bucket, units)
-            out = runner.forward(bucket)[: len(batch.owners)]
+            out = runner.forward(bucket)[: len(batch.readouts)]
             assert torch.equal(out, pooled_rows(model, build_inputs(units, CPU, LayoutKind.DENSE)))
 
 

@@ -97,12 +97,11 @@ def test_bfloat16_multi_item_within_documented_bound(tiny_model: Callable[[str],
 def test_delimiter_outside_vocabulary_is_refused_at_start(tiny_model: Callable[[str], Path]) -> None:
     from scorekeeper_worker.base.config import WorkerConfig
     from scorekeeper_worker.base.metrics import WorkerMetrics
-    from scorekeeper_worker.serving.service import ScoringService
+    from scorekeeper_worker.serving.startup.load import load
 
-    service = ScoringService(WorkerConfig(model=tiny_model("qwen3-cls3"), multi_item_scoring_delimiter=10**6),
-                             WorkerMetrics())
+    config = WorkerConfig(model=tiny_model("qwen3-cls3"), multi_item_scoring_delimiter=10**6)
     with pytest.raises(ValueError, match="multi-item-scoring-delimiter"):
-        service.load()
+        load(config, WorkerMetrics())
 
 
 def test_attention_work_grows_with_items_not_packed_length_squared(tiny_model: Callable[[str], Path]) -> None:
@@ -110,7 +109,7 @@ def test_attention_work_grows_with_items_not_packed_length_squared(tiny_model: C
     model = load_model(tiny_model("qwen3-cls3"), DType.FLOAT32, "cpu", "t")
     query_len, item_len, count = 512, 16, 100
     unit = PackUnit(list(range(query_len)), visible_prefix=query_len,
-                    items=[[1] * item_len for _ in range(count)], pools=[Pool(range(1), None)])
+                    items=[[1] * item_len for _ in range(count)], pools=[Pool(range(1), 0)])
     layout = build_inputs([unit], model.device).layout
     scores = sum(b.token_index.numel() * b.token_index.shape[1] for b in layout.context_blocks)
     scores += sum(b.token_index.numel() * (b.token_index.shape[1] + layout.item_contexts.token_index.shape[1])

@@ -184,17 +184,17 @@ def test_a_text_with_nothing_left_to_pool_after_the_prompt_is_a_400(variant: Cal
     alone: sentence-transformers would pool no token at all (a zero vector); the request is refused instead."""
     import dataclasses
 
-    from scorekeeper_worker.api.wire.score import ScoreRequest
     from scorekeeper_worker.base.errors import Invalid
+    from scorekeeper_worker.planning.ask import ScoreAsk
     from scorekeeper_worker.planning.encoding import LengthRules
     from scorekeeper_worker.planning.planner import plan, tokenize
 
     model = load_model(variant("bert-prompt-excluded"), DType.FLOAT32, "cpu", "t")
     model = dataclasses.replace(model, specials=dataclasses.replace(model.specials, suffix=[]))
-    request = ScoreRequest(items=["a dog", ""])
-    tokens = tokenize(model, request, LengthRules(field="input"), query_row=False)
+    request = ScoreAsk(query="", items=["a dog", ""], rules=LengthRules(field="input"), embed=True)
+    tokens = tokenize(model, request)
     with pytest.raises(Invalid, match=r"^input\[1\]: nothing left to pool after the model's prompt"):
-        plan(model, request, tokens, None, False, 8192, None, query_row=False)
+        plan(model, request, tokens, False, 8192, None)
 
 
 def test_an_embedding_pipeline_around_a_class_without_an_embedding_row_is_refused(
@@ -225,7 +225,7 @@ def test_max_tokens_per_item_cuts_the_text_never_the_prompt(variant: Callable[[s
     assert len(prompt) > 1 and len(text) > 10
     kept = text[:5] if direction == "right" else text[-5:]
     request = ScoreRequest(query="q", items=[LONG, "dog"], max_tokens_per_item=5, truncation_direction=direction)
-    items = tokenize(model, request).items
+    items = tokenize(model, request.ask()).items
     assert items == [[cls, *prompt, *kept, sep],
                      tokenizer(VARIANTS["bert-default-prompt"].prompts["query"] + "dog")["input_ids"]]
 
@@ -236,7 +236,7 @@ def test_every_window_of_a_chunked_document_begins_with_the_prompt(variant: Call
     """/v1/rerank's `long_document_strategy: "chunk"` on an embedding model: every window is embedded as a text of
     its own, after the model's prompt (which its pooling leaves out here, include_prompt false), and the windows'
     texts are consecutive pieces of the document's tokens."""
-    from scorekeeper_worker.api.wire.score import ScoreRequest
+    from scorekeeper_worker.planning.ask import ScoreAsk
     from scorekeeper_worker.planning.encoding import Direction, LengthRules
     from scorekeeper_worker.planning.planner import tokenize
 
@@ -250,7 +250,7 @@ def test_every_window_of_a_chunked_document_begins_with_the_prompt(variant: Call
     cls, sep = tokenizer("")["input_ids"]
     assert len(text) > model.max_positions
     rules = LengthRules(chunk=True, direction=Direction(direction), field="documents")
-    tokens = tokenize(model, ScoreRequest(query="q", items=[document]), rules)
+    tokens = tokenize(model, ScoreAsk(query="q", items=[document], rules=rules))
     windows = tokens.items
     assert len(windows) > 1 and all(len(window) <= model.max_positions for window in windows)
     assert all(window[:len(prompt) + 1] == [cls, *prompt] and window[-1] == sep for window in windows)

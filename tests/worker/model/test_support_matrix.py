@@ -3,7 +3,7 @@ refused at load with a message naming it, and so are checkpoints whose weights t
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import json
 import shutil
 from collections.abc import Callable
@@ -18,12 +18,12 @@ from safetensors.torch import load_file, save_file
 from scorekeeper_worker.api.wire.score import ScoreRequest
 from scorekeeper_worker.base.config import DType, WorkerConfig
 from scorekeeper_worker.base.metrics import WorkerMetrics
-from scorekeeper_worker.engine.queue.jobs import ScoreJob
 from scorekeeper_worker.engine.runner.executor import Executor
 from scorekeeper_worker.model.loader import ModelKind, load_model
 from scorekeeper_worker.model.support import UnsupportedModel, supported_architectures
-from scorekeeper_worker.planning.planner import plan, tokenize
-from scorekeeper_worker.serving.service import ScoringService
+from scorekeeper_worker.serving.direct import score_now, scored
+from scorekeeper_worker.serving.prepare import Limits
+from scorekeeper_worker.serving.startup.load import load
 from tiny_models import ALL_TINY_MODELS, SPECS, TinyModel
 
 LABELS = [5, 17, 42]
@@ -45,18 +45,11 @@ def _loaded(path: Path) -> tuple[Any, Any, str]:
 def _packed_scores(path: Path, requests: list[ScoreRequest], multi_item: list[bool]) -> list[list[list[float]]]:
     """Plan every request as the server does and run all their units as ONE batch through the executor."""
     model = load_model(path, DType.FLOAT32, "cpu", "t")
-    loop = asyncio.new_event_loop()
-    jobs, units = [], []
-    for request, mis in zip(requests, multi_item, strict=True):
-        job = ScoreJob(num_items=len(request.item_list), apply_softmax=request.apply_softmax, temperature=1.0,
-                       labels=[LABELS] * len(request.item_list) if model.kind == ModelKind.CAUSAL_LM else None,
-                       want_pooled=False, prompt_tokens=0, multi_item=mis, future=loop.create_future(), loop=loop)
-        job_plan = plan(model, request, tokenize(model, request), job, mis and model.is_decoder, 8192, None)
-        job.remaining = sum(len(unit.pools) for unit in job_plan.units)
-        jobs.append(job)
-        units += job_plan.units
-    Executor(model).run(units)
-    loop.close()
+    causal = model.kind == ModelKind.CAUSAL_LM
+    asks = [dataclasses.replace(request.ask(), label_token_ids=[LABELS] * len(request.item_list) if causal else None,
+                                multi_item_scoring=mis)
+            for request, mis in zip(requests, multi_item, strict=True)]
+    jobs = scored(score_now(Executor(model), asks, Limits(max_batch_tokens=8192)))
     assert all(job.remaining == 0 for job in jobs)
     return [[list(row or []) for row in job.scores] for job in jobs]
 
@@ -182,6 +175,6 @@ def test_heads_are_the_models_own_modules(tiny_model: Callable[[str], Path]) -> 
 
 def test_cuda_graphs_are_refused_for_padded_architectures(tiny_model: Callable[[str], Path]) -> None:
     """DeBERTa-v2 runs its own attention on padded blocks, which the graph buckets (packed layouts) cannot hold."""
-    service = ScoringService(WorkerConfig(model=tiny_model("deberta-v2-cross"), cuda_graph=True), WorkerMetrics())
+    config = WorkerConfig(model=tiny_model("deberta-v2-cross"), cuda_graph=True)
     with pytest.raises(ValueError, match="--cuda-graph: deberta-v2 runs its own attention on padded batches"):
-        service.load()
+        load(config, WorkerMetrics())

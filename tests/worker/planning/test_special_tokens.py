@@ -40,11 +40,11 @@ def test_eos_ends_the_joined_sequence(tiny_model: Callable[[str], Path]) -> None
     model = load_model(tiny_model(EOS_MODEL), DType.FLOAT32, "cpu", "t")
     tok = model.tokenizer
     bos, eos = tok.convert_tokens_to_ids(["<|begin_of_text|>", "<|im_end|>"])
-    tokens = tokenize(model, ScoreRequest(query=QUERY, items=ITEMS))
+    tokens = tokenize(model, ScoreRequest(query=QUERY, items=ITEMS).ask())
     for item, item_ids in zip(ITEMS, tokens.items, strict=True):
         assert tokens.query + item_ids == tok(QUERY + item)["input_ids"]
         assert tokens.query[0] == bos and tokens.query.count(eos) == 0 and item_ids[-1] == eos
-    flipped = tokenize(model, ScoreRequest(query=QUERY, items=ITEMS, item_first=True))  # item + query
+    flipped = tokenize(model, ScoreRequest(query=QUERY, items=ITEMS, item_first=True).ask())  # item + query
     assert flipped.query == tok(QUERY, add_special_tokens=False)["input_ids"] + [eos]
     for item, item_ids in zip(ITEMS, flipped.items, strict=True):
         assert item_ids == [bos] + tok(item, add_special_tokens=False)["input_ids"]

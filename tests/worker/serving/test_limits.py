@@ -69,17 +69,17 @@ def test_the_limit_is_the_planned_count_checked_before_any_unit_is_built(
         name: str, multi_item: bool, delimiter: int | None, body: dict[str, Any],
         tiny_model: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch) -> None:
     model = load_model(tiny_model(name), DType.FLOAT32, "cpu", name)
-    request = ScoreRequest.model_validate(body)
+    request = ScoreRequest.model_validate(body).ask()
     tokens = tokenize(model, request)
-    planned = plan(model, request, tokens, None, multi_item, 64, delimiter)
+    planned = plan(model, request, tokens, multi_item, 64, delimiter)
     assert planned.prompt_tokens == sum(unit.num_tokens for unit in planned.units)
     assert len(planned.units) >= 2  # several sequences or multi-item chunks
-    assert plan(model, request, tokens, None, multi_item, 64, delimiter, planned.prompt_tokens).prompt_tokens \
+    assert plan(model, request, tokens, multi_item, 64, delimiter, planned.prompt_tokens).prompt_tokens \
         == planned.prompt_tokens
     built: list[object] = []
     monkeypatch.setattr(planning, "PackUnit", lambda *a, **k: built.append(a))
     with pytest.raises(TooLarge, match=rf"^items: .* {planned.prompt_tokens} tokens"):
-        plan(model, request, tokens, None, multi_item, 64, delimiter, planned.prompt_tokens - 1)
+        plan(model, request, tokens, multi_item, 64, delimiter, planned.prompt_tokens - 1)
     assert built == []
 
 

@@ -16,9 +16,9 @@ from scorekeeper_worker.base.metrics import WorkerMetrics
 from scorekeeper_worker.engine.runner.executor import Executor
 from scorekeeper_worker.model.kernels.attention import ATTENTION_NAME
 from scorekeeper_worker.model.loader import load_model
-from scorekeeper_worker.serving.service import ScoringService
 from scorekeeper_worker.serving.startup import probes as probe_sets
 from scorekeeper_worker.serving.startup import selfcheck
+from scorekeeper_worker.serving.startup.load import load
 from serving import RunningServer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -86,23 +86,21 @@ def test_worker_starts_within_tight_limits_and_scores_right(limits: dict[str, in
 def test_no_self_check_is_logged_and_still_warms_up(tiny_model: Callable[[str], Path],
                                                     caplog: pytest.LogCaptureFixture) -> None:
     config = WorkerConfig(model=tiny_model("llama-reward"), self_check=False, max_items_per_request=1)
-    service = ScoringService(config, WorkerMetrics())
+    metrics = WorkerMetrics()
     with caplog.at_level(logging.INFO, logger="scorekeeper_worker"):
-        service.load()
+        served = load(config, metrics)
     try:
-        assert service.ready
         assert any("self-check skipped" in r.message and r.levelno == logging.WARNING for r in caplog.records)
-        assert service.metrics.warmup_seconds._value.get() > 0  # the engine pass ran
+        assert metrics.warmup_seconds._value.get() > 0  # the engine pass ran
     finally:
-        service.stop()
+        served.scheduler.stop(config.drain_timeout_seconds)
 
 
 def test_self_check_passes_are_logged_with_the_deviation(tiny_model: Callable[[str], Path],
                                                          caplog: pytest.LogCaptureFixture) -> None:
-    service = ScoringService(WorkerConfig(model=tiny_model("modernbert-cross")), WorkerMetrics())
+    config, metrics = WorkerConfig(model=tiny_model("modernbert-cross")), WorkerMetrics()
     with caplog.at_level(logging.INFO, logger="scorekeeper_worker"):
-        service.load()
-    service.stop()
+        load(config, metrics).scheduler.stop(config.drain_timeout_seconds)
     passed = [r.message for r in caplog.records if r.message.startswith("self-check passed: deviation")]
     assert passed and "tolerance 0.0005" in passed[0]
-    assert 0 <= service.metrics.self_check_deviation._value.get() < 5e-4
+    assert 0 <= metrics.self_check_deviation._value.get() < 5e-4

@@ -46,6 +46,12 @@ class HttpError(HTTPException):
         return str(self.detail)
 
 
+class BadBody(HttpError):
+    """A body that does not parse or validate, found while FastAPI reads it (a 400 naming the field)."""
+
+    status, kind = 400, "BadRequestError"
+
+
 class Unauthorized(HttpError):
     status, kind = 401, "AuthenticationError"
     headers_ = (("WWW-Authenticate", "Bearer"),)

@@ -23,6 +23,7 @@ from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
+from scorekeeper_worker.api.access_log import uvicorn_log_config
 from scorekeeper_worker.api.drain import Drain, DrainingServer
 from scorekeeper_worker.api.error_shape import error_responses
 from scorekeeper_worker.api.http_protocol import quiet_accept_errors, server_options
@@ -47,7 +48,7 @@ from scorekeeper_worker.api.wire.compat import (
 from scorekeeper_worker.api.wire.score import ModelCard, ModelList, ScoreRequest, ScoreResponse, Status
 from scorekeeper_worker.base.config import WorkerConfig
 from scorekeeper_worker.base.errors import NotReady
-from scorekeeper_worker.base.logs import install_request_ids, uvicorn_log_config
+from scorekeeper_worker.base.logs import install_request_ids
 from scorekeeper_worker.base.metrics import WorkerMetrics
 from scorekeeper_worker.serving.service import ScoringService
 from scorekeeper_worker.serving.startup import load as startup

@@ -1,5 +1,5 @@
 """Logging: every record carries the id of the request being handled (`request_id`, "-" outside a request), and the
-worker's own lines and uvicorn's access lines share one format that shows it.
+worker's own lines and uvicorn's access lines (api/access_log.py) share one format that shows it.
 
 A line is one record: control characters in what a client sent (a path with `%0D%0A`, a header echoed in a message)
 are written escaped (`\\r`, `\\n`, `\\x1b`), so nobody can forge a line in the log. A traceback, appended after
@@ -13,11 +13,8 @@ import re
 from contextvars import ContextVar
 from typing import Any
 
-from uvicorn.logging import AccessFormatter
-
 REQUEST_ID: ContextVar[str] = ContextVar("request_id", default="-")
 FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
-ACCESS_FORMAT = '%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(client_addr)s "%(request_line)s" %(status_code)s'
 
 _base_factory = logging.getLogRecordFactory()
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
@@ -32,11 +29,6 @@ class SafeFormatter(logging.Formatter):
         return escape_controls(super().formatMessage(record))
 
 
-class SafeAccessFormatter(AccessFormatter):
-    def formatMessage(self, record: logging.LogRecord) -> str:
-        return escape_controls(super().formatMessage(record))
-
-
 def _record_with_request_id(*args: Any, **kwargs: Any) -> logging.LogRecord:
     record = _base_factory(*args, **kwargs)
     record.request_id = REQUEST_ID.get()
@@ -46,26 +38,3 @@ def _record_with_request_id(*args: Any, **kwargs: Any) -> logging.LogRecord:
 def install_request_ids() -> None:
     """Stamp the current request id on every log record (a record factory, so any handler can format it)."""
     logging.setLogRecordFactory(_record_with_request_id)
-
-
-def uvicorn_log_config(level: str) -> dict[str, Any]:
-    """`log_config` for uvicorn: the root logger (the worker's modules) and uvicorn's loggers, one format."""
-    level = level.upper()
-    return {
-        "version": 1,
-        "disable_existing_loggers": False,
-        "formatters": {
-            "default": {"()": SafeFormatter, "fmt": FORMAT},
-            "access": {"()": SafeAccessFormatter, "fmt": ACCESS_FORMAT, "use_colors": False},
-        },
-        "handlers": {
-            "default": {"class": "logging.StreamHandler", "formatter": "default", "stream": "ext://sys.stderr"},
-            "access": {"class": "logging.StreamHandler", "formatter": "access", "stream": "ext://sys.stdout"},
-        },
-        "loggers": {
-            "": {"handlers": ["default"], "level": level},
-            "uvicorn": {"handlers": ["default"], "level": level, "propagate": False},
-            "uvicorn.error": {"level": level},
-            "uvicorn.access": {"handlers": ["access"], "level": level, "propagate": False},
-        },
-    }

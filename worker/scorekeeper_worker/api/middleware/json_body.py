@@ -31,8 +31,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from scorekeeper_worker.api.error_shape import UnsupportedMediaType, validation_message
-from scorekeeper_worker.base.errors import Invalid
+from scorekeeper_worker.api.error_shape import BadBody, UnsupportedMediaType, validation_message
 
 JSON_TYPES = ("application/json",)
 MAX_DEPTH = 32  # arrays and objects inside each other; the deepest body of this API nests 4
@@ -66,24 +65,24 @@ def parse(body: bytes, model: type[BaseModel] | None, max_containers: int) -> An
     if body.count(b"[") + body.count(b"{") > min(max_containers, MAX_DEPTH):
         found = structure(body)
         if found.containers > max_containers:
-            raise Invalid(f"body: {found.containers} JSON arrays and objects, over this server's limit of "
+            raise BadBody(f"body: {found.containers} JSON arrays and objects, over this server's limit of "
                              f"{max_containers} (4 per item of --max-items-per-request, plus 1024)")
         if found.depth > MAX_DEPTH:
-            raise Invalid(f"body: JSON nested {found.depth} deep, over this server's limit of {MAX_DEPTH}")
+            raise BadBody(f"body: JSON nested {found.depth} deep, over this server's limit of {MAX_DEPTH}")
     text = body.decode("utf-8", "surrogateescape")
     try:
         parsed = json.loads(text)
     except json.JSONDecodeError as error:
-        raise Invalid(f"body: not valid JSON: {error.msg} at line {error.lineno} column {error.colno}") from None
+        raise BadBody(f"body: not valid JSON: {error.msg} at line {error.lineno} column {error.colno}") from None
     except ValueError:  # int() of a decimal string longer than Python's limit
-        raise Invalid(f"body: an integer has more than {sys.get_int_max_str_digits()} digits") from None
+        raise BadBody(f"body: an integer has more than {sys.get_int_max_str_digits()} digits") from None
     if model is None or not isinstance(parsed, dict):  # FastAPI's own validation says what else it should be
         return parsed
     try:
         return model.model_validate(parsed)
     except ValidationError as error:  # as FastAPI would report it, locations under "body"; an HTTPException, which
         # FastAPI lets through while it reads a body (anything else there becomes its own generic 400)
-        raise Invalid(validation_message([{**detail, "loc": ("body", *detail["loc"])}
+        raise BadBody(validation_message([{**detail, "loc": ("body", *detail["loc"])}
                                              for detail in error.errors(include_url=False)])) from None
 
 
@@ -127,7 +126,7 @@ class JSONRoute(APIRoute):
                 request.model = model if isinstance(model, type) and issubclass(model, BaseModel) else None
                 request.max_containers = request.app.state.max_json_containers
                 if not _is_json(request.headers.get("content-type")) and await request.body():
-                    raise Invalid(f"body: send JSON with content-type: application/json (got content-type: "
+                    raise BadBody(f"body: send JSON with content-type: application/json (got content-type: "
                                      f"{request.headers.get('content-type', 'none')})")
             return await handler(request)
 

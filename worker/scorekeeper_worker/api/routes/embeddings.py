@@ -12,8 +12,6 @@ import numpy as np
 from scorekeeper_worker.api.wire.compat import Embedding, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
 from scorekeeper_worker.base.errors import Invalid
 from scorekeeper_worker.model.loader import ModelKind
-from scorekeeper_worker.planning.ask import ScoreAsk
-from scorekeeper_worker.planning.encoding import Direction, LengthRules
 
 if TYPE_CHECKING:
     from scorekeeper_worker.serving.service import ScoringService
@@ -41,9 +39,5 @@ async def embed(service: ScoringService, request: EmbeddingRequest) -> tuple[lis
     if dimensions is not None and request.dimensions is not None and request.dimensions != dimensions:
         raise Invalid(f"dimensions: this model's embeddings have {dimensions} dimensions; "
                          f"{request.dimensions} is not offered")
-    rules = LengthRules(truncate=request.truncate, direction=Direction(request.truncation_direction), field="input")
-    inputs = request.inputs
-    ask = ScoreAsk(query=[] if inputs and isinstance(inputs[0], list) else "", items=inputs, rules=rules,
-                   prompt_name=request.prompt_name, embed=True, model_name=request.model)
-    scored = await service.run(ask)
+    scored = await service.run(request.ask())
     return scored.pooled or [], scored.prompt_tokens

@@ -19,6 +19,8 @@ from scorekeeper_worker.api.wire.score import (
     Usage,
     integral,
 )
+from scorekeeper_worker.planning.ask import ScoreAsk
+from scorekeeper_worker.planning.encoding import Direction, LengthRules
 
 
 def _id_shape(value: Any) -> str | None:
@@ -140,6 +142,13 @@ class EmbeddingRequest(BaseModel):
         if isinstance(value, str):
             return [value]
         return [value] if value and isinstance(value[0], int) else value  # type: ignore[list-item,return-value]
+
+    def ask(self) -> ScoreAsk:
+        """The inputs' embeddings, with no query row."""
+        inputs = self.inputs
+        rules = LengthRules(truncate=self.truncate, direction=Direction(self.truncation_direction), field="input")
+        return ScoreAsk(query=[] if inputs and isinstance(inputs[0], list) else "", items=inputs, rules=rules,
+                        prompt_name=self.prompt_name, embed=True, model_name=self.model)
 
 
 class Embedding(BaseModel):
