@@ -1,5 +1,6 @@
-"""How far one /v1/score request travels through the worker: the files it crosses (a ratchet at today's count; the
-target is 20, docs/architecture.md "One request, file by file"), and never handed back to the service after planning. Every worker function the request runs is recorded, on every thread it crosses (the
+"""How far one /v1/score request travels through the worker: the files it crosses (a ratchet at today's count;
+the target is 20, docs/architecture.md "One request, file by file"), and never handed back to the service after
+planning. Every worker function the request runs is recorded, on every thread it crosses (the
 event loop, the worker thread that plans it, the model thread), with a profiler installed before the server
 starts, so each thread has it."""
 
@@ -60,7 +61,7 @@ def test_a_score_request_crosses_few_files_and_never_returns_to_the_service(
     files = sorted({where for where, _ in recorder.calls})
     assert "engine/runner/executor.py" in files and "planning/planner.py" in files  # the recorder saw every thread
     assert len(files) <= MAX_FILES, files
-    planned = max(i for i, (where, name) in enumerate(recorder.calls) if (where, name) == ("planning/planner.py", "plan"))
+    planned = max(i for i, call in enumerate(recorder.calls) if call == ("planning/planner.py", "plan"))
     back = [name for where, name in recorder.calls[planned:] if where == "serving/service.py"]
     # Only the request's own await chain resumes there (a coroutine's resumption is a call), then the finite check.
     assert set(back) <= {"run", "bounded", "_run", "<lambda>", "_values", "<listcomp>"}, back

@@ -1,6 +1,6 @@
-"""model/kernels/onednn_linear.py: every linear layer of the trunk through oneDNN (the bias and a BERT-style GELU fused),
-served values within float32 rounding of torch's own modules, and `plain_linears()` giving back exactly the original
-computation (the self-check's transformers reference)."""
+"""model/kernels/onednn_linear.py: every linear layer of the trunk through oneDNN (the bias and a BERT-style GELU
+fused), served values within float32 rounding of torch's own modules, and `plain_linears()` giving back exactly the
+original computation (the self-check's transformers reference)."""
 
 from __future__ import annotations
 

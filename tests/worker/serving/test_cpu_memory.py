@@ -1,6 +1,7 @@
-"""serving/startup/cpu_memory.py: with the thresholds set, forwards' worth of large blocks (of the sizes batches of different
-token counts allocate) come back from the heap, where glibc's adaptive defaults map and trim them again. Each case
-runs in a fresh interpreter: the setting is process-wide, and other tests' allocations would move the heap's top."""
+"""serving/startup/cpu_memory.py: with the thresholds set, forwards' worth of large blocks (of the sizes batches of
+different token counts allocate) come back from the heap, where glibc's adaptive defaults map and trim them again.
+Each case runs in a fresh interpreter: the setting is process-wide, and other tests' allocations would move the
+heap's top."""
 
 from __future__ import annotations
 

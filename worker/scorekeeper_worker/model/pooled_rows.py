@@ -7,8 +7,8 @@ pools read: the same values for those rows, and for a six-layer MiniLM about a s
 
 `ArchitectureSupport.pooled_rows_from` names the module where that tail starts; it is called with tensors of one row
 per token ([1, T, H]: the attention output and the residual), and a forward pre-hook cuts them to the selected rows.
-The selection is set for one forward by `only_rows` (engine/runner/forward.py): transformers' own forwards of the same model
-(the self-check's reference) run whole."""
+The selection is set for one forward by `only_rows` (engine/runner/forward.py): transformers' own forwards of the
+same model (the self-check's reference) run whole."""
 
 from __future__ import annotations
 

@@ -3,8 +3,8 @@ its batches.
 
 A question is a set of options, each a token sequence (the text the model would answer with). The question's last
 prompt token predicts every option's first token; an option of several tokens adds one row per further token: its
-own tokens, packed as a child item of the question (engine/runner/packing.py), each predicting the next. The answer is the
-masked sequence log-probability of each option, normalised over the options:
+own tokens, packed as a child item of the question (engine/runner/packing.py), each predicting the next. The answer
+is the masked sequence log-probability of each option, normalised over the options:
 
     P(option k) = softmax_k( log p(o_k1 | prompt) + Σ_j≥2 log p(o_kj | prompt, o_k<j) )
 

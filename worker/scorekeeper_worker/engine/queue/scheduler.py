@@ -2,9 +2,9 @@
 
 Admission: a request is admitted while the queued tokens stay within `max_queue_tokens`, or into an empty queue
 (every request is already under `--max-request-tokens`, checked when it is planned); else `Overloaded` → 429.
-Batches are filled fairly across open requests (`engine/queue/batching.py`), so one request never holds the model for others.
-A request that is cancelled (client gone, timeout) or whose batch failed loses its queued units at once; units
-already in the running batch finish and their rows are discarded."""
+Batches are filled fairly across open requests (`engine/queue/batching.py`), so one request never holds the model
+for others. A request that is cancelled (client gone, timeout) or whose batch failed loses its queued units at once;
+units already in the running batch finish and their rows are discarded."""
 
 from __future__ import annotations
 

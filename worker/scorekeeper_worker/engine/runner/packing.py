@@ -151,16 +151,43 @@ def _item_block(rows: list[_Row], spare: int, device: torch.device) -> ItemBlock
                      parents=_row_block(parents, spare, device) if parents else None)
 
 
-def _add_pools(index: int, unit: PackUnit, start: int, pool_token: list[int], pool_slot: list[int],
-               pool_weight: list[float], readouts: list[Readout]) -> None:
-    """Append the pools (packed token, pooled-vector slot, mean weight) of the batch's unit `index`, which starts at
-    packed token `start`."""
-    for pool in unit.pools:
-        for offset in pool.offsets:
-            pool_token.append(start + offset)
-            pool_slot.append(len(readouts))
-            pool_weight.append(1.0 / len(pool.offsets))
-        readouts.append(Readout(index, pool.slot))
+@dataclass
+class _Pools:
+    """The pooling of a batch: per contribution its packed token, pooled-vector slot and mean weight; per pooled
+    vector its readout."""
+
+    token: list[int] = field(default_factory=list)
+    slot: list[int] = field(default_factory=list)
+    weight: list[float] = field(default_factory=list)
+    readouts: list[Readout] = field(default_factory=list)
+
+    def add(self, index: int, unit: PackUnit, start: int) -> None:
+        """The pools of the batch's unit `index`, which starts at packed token `start`."""
+        for pool in unit.pools:
+            for offset in pool.offsets:
+                self.token.append(start + offset)
+                self.slot.append(len(self.readouts))
+                self.weight.append(1.0 / len(pool.offsets))
+            self.readouts.append(Readout(index, pool.slot))
+
+
+def _inputs(ids: list[int], position_ids: torch.Tensor, token_types: list[int] | None, layout: AttentionLayout,
+            pools: _Pools, tables: list[int], device: torch.device, live: int, pool_rows: int = 0) -> ForwardInputs:
+    """The tensors of a packed batch (`live` of its tokens real, the rest padding)."""
+    return ForwardInputs(
+        input_ids=_tensor([ids], device),
+        position_ids=position_ids,
+        token_type_ids=_tensor([token_types], device) if token_types is not None else None,
+        layout=layout,
+        pool_token_index=_tensor(pools.token, device),
+        pool_slot=_tensor(pools.slot, device),
+        pool_weight=torch.tensor(pools.weight, dtype=torch.float32, device=device),
+        readouts=pools.readouts,
+        num_tokens=live,
+        rope_table=_tensor(tables, device),
+        padding_tokens=len(ids) - live,
+        pool_rows=pool_rows,
+    )
 
 
 def _tensor(values: list[Any], device: torch.device) -> torch.Tensor:
@@ -184,10 +211,7 @@ def build_inputs(units: list[PackUnit], device: torch.device, kind: LayoutKind =
     context_rows: list[_Row] = []
     item_context_rows: list[_Row] = []
     item_rows: list[_Row] = []
-    pool_token: list[int] = []
-    pool_slot: list[int] = []
-    pool_weight: list[float] = []
-    readouts: list[Readout] = []
+    pools = _Pools()
     tables: list[int] = []
     uses_token_types = any(u.token_types is not None for u in units)
 
@@ -213,7 +237,7 @@ def build_inputs(units: list[PackUnit], device: torch.device, kind: LayoutKind =
             token_types += [0] * len(item)
         tables += [unit.rope_table] * unit.num_tokens
         item_rows += unit_rows
-        _add_pools(index, unit, start, pool_token, pool_slot, pool_weight, readouts)
+        pools.add(index, unit, start)
 
     spare = len(ids)
     context_blocks = [_row_block(rows, spare, device) for rows in _blocks(context_rows)]
@@ -223,18 +247,8 @@ def build_inputs(units: list[PackUnit], device: torch.device, kind: LayoutKind =
                    for rows in _blocks([r for r in item_rows if r.parent is None]) + _blocks(children)]
     item_contexts = _row_block(item_context_rows, spare, device) if item_context_rows else None
     layout = AttentionLayout(context_blocks, item_blocks, item_contexts)
-    return ForwardInputs(
-        input_ids=_tensor([ids], device),
-        position_ids=_tensor([positions], device),
-        token_type_ids=_tensor([token_types], device) if uses_token_types else None,
-        layout=layout,
-        pool_token_index=_tensor(pool_token, device),
-        pool_slot=_tensor(pool_slot, device),
-        pool_weight=torch.tensor(pool_weight, dtype=torch.float32, device=device),
-        readouts=readouts,
-        num_tokens=len(ids),
-        rope_table=_tensor(tables, device),
-    )
+    return _inputs(ids, _tensor([positions], device), token_types if uses_token_types else None, layout, pools,
+                   tables, device, len(ids))
 
 
 def _build_token_inputs(units: list[PackUnit], device: torch.device, kind: LayoutKind,
@@ -247,10 +261,7 @@ def _build_token_inputs(units: list[PackUnit], device: torch.device, kind: Layou
     offset: list[int] = []
     prefix: list[int] = []
     parent: list[int] = []
-    pool_token: list[int] = []
-    pool_slot: list[int] = []
-    pool_weight: list[float] = []
-    readouts: list[Readout] = []
+    pools = _Pools()
     tables: list[int] = []
     rows = 0
 
@@ -278,10 +289,10 @@ def _build_token_inputs(units: list[PackUnit], device: torch.device, kind: Layou
             parent += [query_segment + 1 + unit.parent(i) if unit.parent(i) >= 0 else -1] * len(item)
             rows += 1
         tables += [unit.rope_table] * unit.num_tokens
-        _add_pools(index, unit, start, pool_token, pool_slot, pool_weight, readouts)
+        pools.add(index, unit, start)
 
     live = len(ids)
-    pool_rows = len(readouts)
+    pool_rows = len(pools.readouts)
     uses_token_types = any(u.token_types is not None for u in units)
     if shape is not None:
         pad = shape.tokens - live
@@ -294,10 +305,10 @@ def _build_token_inputs(units: list[PackUnit], device: torch.device, kind: Layou
         prefix += [0] * pad
         tables += [0] * pad
         parent += [-1] * pad
-        spare = shape.contributions - len(pool_token)
-        pool_token += [shape.tokens - 1] * spare  # any token: the weight is zero and the slot is the scratch one
-        pool_slot += [shape.sequences] * spare
-        pool_weight += [0.0] * spare
+        spare = shape.contributions - len(pools.token)
+        pools.token += [shape.tokens - 1] * spare  # any token: the weight is zero and the slot is the scratch one
+        pools.slot += [shape.sequences] * spare
+        pools.weight += [0.0] * spare
         pool_rows = shape.sequences + 1
         uses_token_types = shape.token_types
 
@@ -306,17 +317,5 @@ def _build_token_inputs(units: list[PackUnit], device: torch.device, kind: Layou
                          offset=_tensor(offset, device), prefix=_tensor(prefix, device), positions=position_ids[0],
                          parent=_tensor(parent, device))
     layout = AttentionLayout(kind=kind, tokens=tokens)
-    return ForwardInputs(
-        input_ids=_tensor([ids], device),
-        position_ids=position_ids,
-        token_type_ids=_tensor([token_types], device) if uses_token_types else None,
-        layout=layout,
-        pool_token_index=_tensor(pool_token, device),
-        pool_slot=_tensor(pool_slot, device),
-        pool_weight=torch.tensor(pool_weight, dtype=torch.float32, device=device),
-        readouts=readouts,
-        num_tokens=live,
-        rope_table=_tensor(tables, device),
-        padding_tokens=len(ids) - live,
-        pool_rows=pool_rows,
-    )
+    return _inputs(ids, position_ids, token_types if uses_token_types else None, layout, pools, tables, device, live,
+                   pool_rows)

@@ -3,8 +3,9 @@
 on the model's own tokenizer, run through the engine one question per sequence and, with multi-item scoring on, all
 questions sharing the input; against plain transformers on each flat sequence `prompt + option` alone (eager
 attention, the model's own forward), its masked sequence log-probabilities normalised over the options. It proves
-the prompt rendering, the tree-shaped units (engine/runner/packing.py) and the option readout (engine/queue/decision_job.py) on
-the served model; above the dtype's tolerance the worker refuses to start (serving/startup/selfcheck.py)."""
+the prompt rendering, the tree-shaped units (engine/runner/packing.py) and the option readout
+(engine/queue/decision_job.py) on the served model; above the dtype's tolerance the worker refuses to start
+(serving/startup/selfcheck.py)."""
 
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ own, single-item and (with multi-item scoring on) multi-item, against transforme
 tokenizer.
 
 Embedding models are compared with `SentenceTransformer.encode` re-done from an independent reading of their
-sentence-transformers files (serving/startup/embedding_reference.py): the probes above, and text probes under every prompt,
-one of them past max_seq_length."""
+sentence-transformers files (serving/startup/embedding_reference.py): the probes above, and text probes under every
+prompt, one of them past max_seq_length."""
 
 from __future__ import annotations
 
