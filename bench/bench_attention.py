@@ -18,18 +18,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 from common import markdown_table, median
-from scorekeeper_worker.model.kernels import tiled
-from scorekeeper_worker.model.kernels.tiled import RowMask, attend, attend_output
+from scorekeeper_worker.library import tiled
 
 
-def block(rows: int, length: int, heads: int, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, RowMask]:
+def block(rows: int, length: int, heads: int,
+          dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tiled.RowMask]:
     tokens = torch.randn(3, rows * length, heads, dim)
     index = torch.randperm(rows * length)  # rows gathered from a packed batch, as packed attention does
     q, k, v = (t.index_select(0, index).view(rows, length, heads, dim).transpose(1, 2) for t in tokens)
     lengths = torch.randint(length * 3 // 4, length + 1, (rows,))
     positions = torch.arange(length)[None].expand(rows, length)
     valid = positions < lengths[:, None]
-    return q, k, v, RowMask(positions, positions, valid, False, None, contiguous=True)
+    return q, k, v, tiled.RowMask(positions, positions, valid, False, None, contiguous=True)
 
 
 def compare(length: int, heads: int, dim: int, tiles: list[int], reps: int) -> list[str]:
@@ -41,10 +41,10 @@ def compare(length: int, heads: int, dim: int, tiles: list[int], reps: int) -> l
     def run(tile: int | None) -> float:
         started = time.perf_counter()
         if tile is None:
-            attend(q, k, v, mask, False, scale, None)
+            tiled.attend(q, k, v, mask, False, scale, None)
         else:
             tiled.BATCHED_TILE = tile
-            attend_output(q, k, v, mask, False, scale, None)
+            tiled.attend_output(q, k, v, mask, False, scale, None)
         return time.perf_counter() - started
 
     arms: list[int | None] = [None, *tiles]

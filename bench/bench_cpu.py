@@ -50,7 +50,7 @@ def cross_encoder_dir() -> Path:
     """MiniLM's trunk and pooler with a seeded 1-logit classifier head, saved once."""
     if not (CROSS_ENCODER_DIR / "model.safetensors").exists():
         import torch
-        from scorekeeper_worker.model.files import minilm_path
+        from scorekeeper_worker.library import minilm_path
         from transformers import AutoTokenizer, BertForSequenceClassification
 
         torch.manual_seed(0)
@@ -90,7 +90,7 @@ def once(runner: Any, task: str, workload: dict[str, Any]) -> tuple[float, list[
 
 def run_task(task: str, systems: list[str], workloads: dict[str, dict[str, Any]], args: argparse.Namespace,
              cpus: set[int]) -> list[dict[str, Any]]:
-    from scorekeeper_worker.model.files import minilm_path
+    from scorekeeper_worker.library import minilm_path
 
     model = cross_encoder_dir() if task == "rerank" else minilm_path()
     runners: dict[str, Any] = {}
@@ -135,7 +135,7 @@ def run_task(task: str, systems: list[str], workloads: dict[str, dict[str, Any]]
 
 
 def spearman(a: list[float], b: list[float]) -> float:
-    from scorekeeper_worker.serving.startup.quantization import spearman as rank_correlation
+    from scorekeeper_worker.library import spearman as rank_correlation
 
     return rank_correlation(a, b)
 
@@ -202,7 +202,7 @@ def main() -> None:
     cpus = os.sched_getaffinity(0)
     args.threads = args.threads or len(cpus)
     set_threads(args.threads)
-    from scorekeeper_worker.model.files import minilm_path
+    from scorekeeper_worker.library import minilm_path
 
     workloads = {mix: make_workload(minilm_path(), mix, args.items, args.seed) for mix in args.mix.split(",")}
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())

@@ -5,10 +5,11 @@ bench_cpu.py workloads (1 query × 200 documents, MiniLM cross-encoder for reran
   the defaults, `--no-onednn-linear` (torch's nn.Linear) and `--max-batch-tokens 2048` (smaller forwards).
 - In process (engine only, no HTTP), interleaved in one process: the forward with and without the pooled-rows
   selection of the last layer (rerank: CLS pooling), with batched attention products for short rows and with the
-  flash kernel for every row (`model/kernels/tiled.BATCHED_MAX_KEYS` 0), after minor page faults per request before and
-  after `serving/startup/cpu_memory.keep_freed_memory()` (process-wide: it cannot be switched back, so the two halves are not
-  interleaved; the fault counts are the measurement, the times are context; the arms then run under it, as the
-  worker does).
+  flash kernel for every row (`tiled.BATCHED_MAX_KEYS` 0), after minor page faults per request before and after
+  `keep_freed_memory()` (process-wide: it cannot be switched back, so the two halves are not interleaved; the fault
+  counts are the measurement, the times are context; the arms then run under it, as the worker does). Each request
+  runs through `score_now` (prepared as the server prepares it, in batches of the default --max-batch-tokens); its
+  time is the executor's (inputs, forward, scoring of every batch), its faults are the whole request's.
 
     .venv/bin/python bench/bench_cpu_steps.py --task rerank --mix short
 """
@@ -16,10 +17,8 @@ bench_cpu.py workloads (1 query × 200 documents, MiniLM cross-encoder for reran
 from __future__ import annotations
 
 import argparse
-import asyncio
 import resource
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import http_servers
 from bench_cpu import cross_encoder_dir
 from bench_minilm import make_workload
-from common import log, markdown_table, median, token_batches
+from common import log, markdown_table, median
 
 BATCH_TOKENS = 8192  # the worker's default --max-batch-tokens
 ARMS = {"defaults": [], "--no-onednn-linear": ["--no-onednn-linear"],
@@ -56,33 +55,36 @@ def http_arms(task: str, model: Path, workload: dict[str, Any], reps: int, threa
 
 
 def in_process(model: Path, workload: dict[str, Any], reps: int) -> list[list[str]]:
-    from scorekeeper_worker.api.wire.score import ScoreRequest
-    from scorekeeper_worker.base.config import DType
-    from scorekeeper_worker.engine.queue.jobs import ScoreJob
-    from scorekeeper_worker.engine.runner.executor import Executor
-    from scorekeeper_worker.model.kernels import tiled
-    from scorekeeper_worker.model.kernels.onednn_linear import fuse_linears
-    from scorekeeper_worker.model.loader import Pooling, load_model
-    from scorekeeper_worker.planning.planner import plan, tokenize
-    from scorekeeper_worker.serving.startup.cpu_memory import keep_freed_memory
+    from scorekeeper_worker.library import (
+        BatchStats,
+        DType,
+        Executor,
+        Limits,
+        Pooling,
+        ScoreAsk,
+        fuse_linears,
+        keep_freed_memory,
+        load_model,
+        score_now,
+        scored,
+        tiled,
+    )
 
     scoring = load_model(model, DType.FLOAT32, "cpu", "bench")
     fuse_linears(scoring.trunk)
-    request = ScoreRequest(query=workload["query"], items=workload["items"])
+    ask = ScoreAsk(query=workload["query"], items=workload["items"])
     executor = Executor(scoring)
+    limits = Limits(max_batch_tokens=BATCH_TOKENS)
 
     def once() -> tuple[float, int]:
-        loop = asyncio.new_event_loop()
-        job = ScoreJob(num_items=len(request.item_list), apply_softmax=False, temperature=1.0, labels=None,
-                       want_pooled=False, prompt_tokens=0, multi_item=False, future=loop.create_future(), loop=loop)
-        units = plan(scoring, request, tokenize(scoring, request), job, False, BATCH_TOKENS, None).units
-        job.remaining = sum(len(unit.pools) for unit in units)
-        batches = token_batches(units, BATCH_TOKENS)  # the server's default --max-batch-tokens
-        faults, started = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
-        for batch in batches:
-            executor.run(batch)
-        seconds = time.perf_counter() - started
-        loop.close()
+        seconds = 0.0
+
+        def on_batch(stats: BatchStats) -> None:
+            nonlocal seconds
+            seconds += stats.inputs_seconds + stats.forward_seconds + stats.scoring_seconds
+
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        scored(score_now(executor, [ask], limits, BATCH_TOKENS, on_batch))  # the server's default --max-batch-tokens
         return seconds, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
 
     def interleaved(switch: Callable[[bool], None], on: str, off: str) -> list[list[str]]:
@@ -130,7 +132,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="and CPUs 0..threads-1 for the servers")
     parser.add_argument("--no-http", action="store_true", help="the in-process arms only")
     args = parser.parse_args()
-    from scorekeeper_worker.model.files import minilm_path
+    from scorekeeper_worker.library import minilm_path
 
     model = cross_encoder_dir() if args.task == "rerank" else minilm_path()
     workload = make_workload(minilm_path(), args.mix, args.items, 0)

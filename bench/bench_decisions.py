@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import Worker, log, machine_note, markdown_table, max_abs_diff, median, set_threads
+from common import Worker, log, machine_note, markdown_table, max_abs_diff, median, parse_worker_args, post_json
 
 DEFAULT_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "models"
 INPUT_TOKENS = 2048
@@ -95,13 +95,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def decide(worker: Worker, text: str, questions: list[dict[str, Any]]) -> tuple[float, dict[str, Any]]:
-    payload = json.dumps({"model": "bench", "input": text, "questions": questions})
-    started = time.perf_counter()
-    response = worker.client.post("/v1/decisions", content=payload, headers={"content-type": "application/json"})
-    elapsed = time.perf_counter() - started
-    if response.status_code != 200:
-        raise RuntimeError(f"/v1/decisions → {response.status_code}: {response.text[:500]}")
-    return elapsed, response.json()
+    return post_json(worker.client, "/v1/decisions", {"model": "bench", "input": text, "questions": questions})
 
 
 def separate(worker: Worker, text: str, pool: ThreadPoolExecutor) -> tuple[float, list[dict[str, Any]]]:
@@ -121,13 +115,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3, help="timed repetitions of every system, after one warm-up")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where the converted SmolLM2 dir lives")
-    parser.add_argument("--worker-arg", action="append", default=[],
-                        help="extra flag for `scorekeeper-worker serve` (repeatable)")
-    parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS for the worker (default: torch's own choice)")
-    parser.add_argument("--json", type=Path, help="write the raw timings here")
-    args = parser.parse_args()
-    set_threads(args.threads)
-    from scorekeeper_worker.model.files import prepare_smollm2
+    args = parse_worker_args(parser, threads_help="OMP_NUM_THREADS for the worker (default: torch's own choice)",
+                             json_help="write the raw timings here")
+    from scorekeeper_worker.library import prepare_smollm2
 
     model_dir = Path(prepare_smollm2(args.cache))
     text, input_tokens = make_input(model_dir, args.seed)

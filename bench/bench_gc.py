@@ -3,8 +3,8 @@
     .venv/bin/python bench/bench_gc.py                     # SmolLM2-135M (real weights), 5 collections each way
     .venv/bin/python bench/bench_gc.py --model DIR --repeat 9
 
-The worker's own start-up path in this process (the FastAPI app, `ScoringService.load`: model, executor, the
-start-up self-check's leftovers, the scheduler thread) with `--no-gc-freeze`; then `gc.collect()` timed `--repeat`
+The worker's own start-up path in this process (the FastAPI app, `load`: model, executor, the start-up
+self-check's leftovers, the scheduler thread) with `--no-gc-freeze`; then `gc.collect()` timed `--repeat`
 times, `freeze_after_load()` as `--gc-freeze` calls it, and `gc.collect()` timed again. A full collection holds the
 GIL: for its whole pause no request in the process progresses.
 """
@@ -40,24 +40,25 @@ def main() -> None:
     args = parser.parse_args()
     set_threads(args.threads)
 
-    from scorekeeper_worker.api.server import create_app
-    from scorekeeper_worker.base.config import WorkerConfig
-    from scorekeeper_worker.base.metrics import WorkerMetrics
-    from scorekeeper_worker.model.files import prepare_smollm2
-    from scorekeeper_worker.serving.service import ScoringService
-    from scorekeeper_worker.serving.startup.gc_pauses import freeze_after_load
+    from scorekeeper_worker.library import (
+        WorkerConfig,
+        WorkerMetrics,
+        create_app,
+        freeze_after_load,
+        load,
+        prepare_smollm2,
+    )
 
     model = args.model or prepare_smollm2(REPO / ".cache" / "models")
     config = WorkerConfig(model=model, gc_freeze=False)
     create_app(config)  # FastAPI and its routes, as in a worker
-    service = ScoringService(config, WorkerMetrics())
-    service.load()
+    served = load(config, WorkerMetrics())
     log(f"loaded {model}")
     tracked = len(gc.get_objects())
     before = full_collections(args.repeat)
     frozen = freeze_after_load()
     after = full_collections(args.repeat)
-    service.stop()
+    served.scheduler.stop(config.drain_timeout_seconds)
     rows = [[label, f"{objects:,}", f"{1000 * statistics.median(p):.3f}", f"{1000 * max(p):.3f}"]
             for label, objects, p in (("--no-gc-freeze", tracked, before),
                                       ("--gc-freeze", len(gc.get_objects()), after))]

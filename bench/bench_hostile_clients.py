@@ -78,7 +78,7 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="model directory (default: the packaged all-MiniLM-L6-v2)")
     args = parser.parse_args()
     if args.model is None:
-        from scorekeeper_worker.model.files import minilm_path
+        from scorekeeper_worker.library import minilm_path
 
         args.model = str(minilm_path())
     worker = Worker(args.model, "float32", env={"PYTHONPATH": str(args.worker_path.resolve())})

@@ -74,7 +74,7 @@ def arms_for(args: argparse.Namespace) -> list[Arm]:
 
 def model_dir(name: str) -> Path:
     if name == "smollm2":
-        from scorekeeper_worker.model.files import prepare_smollm2
+        from scorekeeper_worker.library import prepare_smollm2
 
         return Path(prepare_smollm2(CACHE))
     if name == "qwen3-geometry":

@@ -35,7 +35,7 @@ from common import (
     markdown_table,
     max_abs_diff,
     median,
-    set_threads,
+    parse_worker_args,
 )
 
 MIXES = {"short": (8, 64), "long": (32, 224)}
@@ -44,7 +44,7 @@ PEER_LABELS = {"st": "sentence-transformers", "hf": "transformers padded (batch 
 
 
 def minilm_dir() -> Path:
-    from scorekeeper_worker.model.files import minilm_path
+    from scorekeeper_worker.library import minilm_path
 
     return minilm_path()
 
@@ -173,14 +173,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="3 repetitions, 1 warm-up")
-    parser.add_argument("--worker-arg", action="append", default=[],
-                        help="extra flag for `scorekeeper-worker serve` (repeatable), "
-                        "e.g. --worker-arg=--max-batch-tokens=4096")
-    parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS for every process under test (default: "
-                        "torch's own choice, the core count)")
-    parser.add_argument("--json", type=Path, help="write the raw records here")
-    args = parser.parse_args()
-    set_threads(args.threads)
+    args = parse_worker_args(parser, worker_arg_help=", e.g. --worker-arg=--max-batch-tokens=4096")
     if args.quick:
         args.reps, args.warmup = 3, 1
     dtypes = args.dtype.split(",")

@@ -29,14 +29,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import Peer, Worker, log, machine_note, markdown_table, max_abs_diff, median, set_threads
+from common import Peer, Worker, log, machine_note, markdown_table, max_abs_diff, median, parse_worker_args
 
 ITEM_LEN = 16
 DEFAULT_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "models"
 
 
 def smollm2_dir(cache: Path) -> Path:
-    from scorekeeper_worker.model.files import prepare_smollm2
+    from scorekeeper_worker.library import prepare_smollm2
 
     return Path(prepare_smollm2(cache))
 
@@ -186,13 +186,7 @@ def main() -> None:
                         help="Q=512, N ∈ {10, 100}, 3/2 repetitions, tighter budgets")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where the converted SmolLM2 dir lives")
-    parser.add_argument("--worker-arg", action="append", default=[],
-                        help="extra flag for `scorekeeper-worker serve` (repeatable)")
-    parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS for every process under test (default: "
-                        "torch's own choice, the core count)")
-    parser.add_argument("--json", type=Path, help="write the raw results here")
-    args = parser.parse_args()
-    set_threads(args.threads)
+    args = parse_worker_args(parser, json_help="write the raw results here")
     if args.quick:
         args.q, args.n, args.reps, args.reps_slow = "512", "10,100", 3, 2
         args.budget, args.config_budget = min(args.budget, 120.0), min(args.config_budget, 45.0)

@@ -70,7 +70,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=26)
     args = parser.parse_args()
     if args.model is None:
-        from scorekeeper_worker.model.files import minilm_path
+        from scorekeeper_worker.library import minilm_path
 
         args.model = str(minilm_path())
     warmup = _requests(args.warmup, args.seed + 1)

@@ -26,10 +26,7 @@ from common import child_env, log, machine_note, markdown_table, median, set_thr
 CHILD = """
 import json, sys, time
 from pathlib import Path
-from scorekeeper_worker.serving.startup import selfcheck
-from scorekeeper_worker.base.config import DType
-from scorekeeper_worker.engine.runner.executor import Executor
-from scorekeeper_worker.model.loader import load_model
+from scorekeeper_worker.library import DType, Executor, load_model, selfcheck
 model = load_model(Path(sys.argv[1]), DType(sys.argv[2]), "cpu", "bench")
 executor = Executor(model)
 wall, cpu = time.perf_counter(), time.process_time()
@@ -37,8 +34,7 @@ result = selfcheck.run(model, executor, check=True, max_batch_tokens=8192, max_i
                        delimiter=None)
 decision = 0.0
 if model.kind.value == "causal_lm":  # the decision probe, as a worker with --multi-item-scoring runs it
-    from scorekeeper_worker.model.templates.decision_template import resolve_decision_template
-    from scorekeeper_worker.serving.startup import decision_selfcheck
+    from scorekeeper_worker.library import decision_selfcheck, resolve_decision_template
     started = time.perf_counter()
     decision_selfcheck.run(model, executor, resolve_decision_template(model.tokenizer, None), True)
     decision = time.perf_counter() - started
@@ -58,7 +54,7 @@ def main() -> None:
     args = parser.parse_args()
     set_threads(args.threads)
     if args.model is None:
-        from scorekeeper_worker.model.files import minilm_path
+        from scorekeeper_worker.library import minilm_path
 
         args.model = minilm_path()
     runs = []

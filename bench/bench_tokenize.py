@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "bench"), str(REPO / "tests"), str(REPO / "tests" / "worker")]
+sys.path[:0] = [str(REPO / "bench"), str(REPO / "tests"), str(REPO / "tests" / "worker" / "planning")]
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from common import markdown_table  # noqa: E402
@@ -26,7 +26,7 @@ from common import markdown_table  # noqa: E402
 
 def tokenizers() -> dict[str, Callable[[], Any]]:
     import tiny_tokenizers
-    from scorekeeper_worker.model.files import (
+    from scorekeeper_worker.library import (
         fix_gguf_tokenizer,
         gguf_tokenizer_metadata,
         minilm_path,
@@ -68,7 +68,7 @@ def main() -> None:
     parser.add_argument("--keep", type=int, default=512)
     parser.add_argument("--reps", type=int, default=9)
     args = parser.parse_args()
-    from scorekeeper_worker.planning.bounded_tokens import bounded_ids
+    from scorekeeper_worker.library import bounded_ids
 
     text = document(args.chars)
     rows = []

@@ -6,6 +6,7 @@ round-robin across systems so that the noise of a shared machine hits every syst
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import httpx
 
@@ -67,6 +68,60 @@ def _stop(proc: subprocess.Popen[Any], grace: float = 30.0) -> None:
         proc.wait(10)
 
 
+class ServerProcess(Protocol):
+    """A server process under test and its HTTP client (`Worker`, `http_servers.HttpServer`)."""
+
+    proc: subprocess.Popen[Any]
+    client: httpx.Client
+
+    def tail(self, chars: int = ...) -> str: ...
+
+    def close(self) -> None: ...
+
+
+def wait_ready(server: ServerProcess, name: str, path: str, timeout: float, interval: float = 1.0) -> None:
+    """Poll `path` until it answers 200; a server that exits or stays unready is closed and raised with its log."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < timeout:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {server.proc.returncode}:\n{server.tail()}")
+        try:
+            if server.client.get(path, timeout=5.0).status_code == 200:
+                log(f"{name} ready after {time.perf_counter() - started:.1f} s")
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(interval)
+    server.close()
+    raise RuntimeError(f"{name} not ready after {timeout:.0f} s:\n{server.tail()}")
+
+
+def post_json(client: httpx.Client, path: str, body: dict[str, Any], name: str = "") -> tuple[float, dict[str, Any]]:
+    """POST `body` as JSON: (seconds to the whole response, its JSON); anything but a 200 raises."""
+    payload = json.dumps(body)
+    started = time.perf_counter()
+    response = client.post(path, content=payload, headers={"content-type": "application/json"})
+    elapsed = time.perf_counter() - started
+    if response.status_code != 200:
+        where = f"{name} {path}" if name else path
+        raise RuntimeError(f"{where} → {response.status_code}: {response.text[:500]}")
+    return elapsed, response.json()
+
+
+def parse_worker_args(parser: argparse.ArgumentParser, worker_arg_help: str = "",
+                      threads_help: str = "OMP_NUM_THREADS for every process under test (default: torch's own "
+                      "choice, the core count)", json_help: str = "write the raw records here") -> argparse.Namespace:
+    """The flags of the benchmarks that start workers (--worker-arg, --threads, --json), parsed, with --threads set
+    for every child process."""
+    parser.add_argument("--worker-arg", action="append", default=[],
+                        help="extra flag for `scorekeeper-worker serve` (repeatable)" + worker_arg_help)
+    parser.add_argument("--threads", type=int, help=threads_help)
+    parser.add_argument("--json", type=Path, help=json_help)
+    args = parser.parse_args()
+    set_threads(args.threads)
+    return args
+
+
 class Worker:
     """`scorekeeper-worker serve` on a loopback port; `score(body)` → (seconds, response json)."""
 
@@ -84,34 +139,13 @@ class Worker:
         self.proc = subprocess.Popen(cmd, stdout=self.log_file, stderr=subprocess.STDOUT, env=child_env(env),
                                      start_new_session=True)
         self.client = httpx.Client(base_url=self.url, timeout=httpx.Timeout(3600.0, connect=10.0))
-        self._wait_ready(ready_timeout)
-
-    def _wait_ready(self, timeout: float) -> None:
-        started = time.perf_counter()
-        while time.perf_counter() - started < timeout:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"worker exited with {self.proc.returncode}:\n{self.tail()}")
-            try:
-                if self.client.get("/ready", timeout=5.0).status_code == 200:
-                    log(f"worker ready after {time.perf_counter() - started:.1f} s")
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        self.close()
-        raise RuntimeError(f"worker not ready after {timeout} s:\n{self.tail()}")
+        wait_ready(self, "worker", "/ready", ready_timeout, interval=0.5)
 
     def tail(self, chars: int = 4000) -> str:
         return Path(self.log_file.name).read_text(errors="replace")[-chars:]
 
     def score(self, body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
-        payload = json.dumps(body)
-        started = time.perf_counter()
-        response = self.client.post("/v1/score", content=payload, headers={"content-type": "application/json"})
-        elapsed = time.perf_counter() - started
-        if response.status_code != 200:
-            raise RuntimeError(f"/v1/score → {response.status_code}: {response.text[:500]}")
-        return elapsed, response.json()
+        return post_json(self.client, "/v1/score", body)
 
     def close(self) -> None:
         self.client.close()
@@ -183,27 +217,6 @@ class Peer:
 
     def __exit__(self, *_: object) -> None:
         self.close()
-
-
-class Sized(Protocol):
-    num_tokens: int
-
-
-SizedT = TypeVar("SizedT", bound=Sized)
-
-
-def token_batches(units: list[SizedT], max_tokens: int) -> list[list[SizedT]]:
-    """One request's units in forwards of at most `max_tokens` tokens, in order, as the worker's scheduler forms them
-    for a request alone (a unit larger than the budget runs alone)."""
-    batches: list[list[SizedT]] = [[]]
-    tokens = 0
-    for unit in units:
-        if batches[-1] and tokens + unit.num_tokens > max_tokens:
-            batches.append([])
-            tokens = 0
-        batches[-1].append(unit)
-        tokens += unit.num_tokens
-    return batches
 
 
 def median(values: list[float]) -> float:

@@ -59,7 +59,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--results", type=Path, help="JSON records written by bench_minilm.py --json")
     args = parser.parse_args()
-    from scorekeeper_worker.model.files import minilm_path
+    from scorekeeper_worker.library import minilm_path
 
     model_dir = minilm_path()
     layers = linear_layers(model_dir, getattr(torch, args.dtype))

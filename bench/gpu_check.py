@@ -36,17 +36,22 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "worker"), str(REPO / "tests"), str(REPO / "tests" / "worker")]
+sys.path[:0] = [str(REPO / "worker"), str(REPO / "tests"), str(REPO / "tests" / "worker" / "engine")]
 
 import torch  # noqa: E402
 from gpu_mis import mis_batch, mis_throughput, parse_shapes  # noqa: E402
-from scorekeeper_worker.base.config import DType  # noqa: E402
-from scorekeeper_worker.engine.runner.cuda_graphs import GraphRunner  # noqa: E402
-from scorekeeper_worker.engine.runner.device_copy import host_vectors  # noqa: E402
-from scorekeeper_worker.engine.runner.forward import pooled_rows  # noqa: E402
-from scorekeeper_worker.engine.runner.packing import PackUnit, Pool, build_inputs  # noqa: E402
-from scorekeeper_worker.model.kernels.attention import LayoutKind  # noqa: E402
-from scorekeeper_worker.model.loader import ScoringModel, load_model  # noqa: E402
+from scorekeeper_worker.library import (  # noqa: E402
+    DType,
+    GraphRunner,
+    LayoutKind,
+    PackUnit,
+    Pool,
+    ScoringModel,
+    build_inputs,
+    host_vectors,
+    load_model,
+    pooled_rows,
+)
 
 TINY = ["qwen3-cls3", "gemma2-reward", "bert-embed"]  # GQA decoder; softcap + sliding layers; encoder, mean pooling
 DELIMITER = 3
@@ -129,7 +134,7 @@ def check_layout(model: ScoringModel, kind: LayoutKind, buckets: tuple[int, ...]
             for name, units in batches_for(model, bucket.tokens, DELIMITER if model.is_decoder else None,
                                            buckets, max_seqs).items():
                 batch = runner.load(bucket, units)
-                live = len(batch.owners)
+                live = len(batch.readouts)
                 replayed = runner.forward(bucket)[:live].clone()
                 same = pooled_rows(model, bucket.static)[:live]
                 reference = pooled_rows(model, build_inputs(units, device))

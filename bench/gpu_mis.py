@@ -17,11 +17,15 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from common import token_batches
-from scorekeeper_worker.engine.runner.cuda_graphs import GraphRunner
-from scorekeeper_worker.engine.runner.forward import pooled_rows
-from scorekeeper_worker.engine.runner.packing import PackUnit, Pool, build_inputs
-from scorekeeper_worker.model.loader import ScoringModel
+from scorekeeper_worker.library import (
+    GraphRunner,
+    PackUnit,
+    Pool,
+    ScoringModel,
+    build_inputs,
+    pooled_rows,
+    token_batches,
+)
 
 Timer = Callable[[Callable[[], object]], float]  # median milliseconds of a callable
 
@@ -59,7 +63,7 @@ def mis_throughput(model: ScoringModel, shapes: list[tuple[int, int]], item_len:
     with torch.inference_mode():
         for query_len, items in shapes:
             unit, singles = mis_batch(model, query_len, items, item_len, delimiter)
-            batches = token_batches(singles, max_tokens)
+            batches = token_batches(singles, max_tokens, lambda unit: unit.num_tokens)
             mis_rows = pooled_rows(model, build_inputs([unit], device))
             single_rows = torch.cat([pooled_rows(model, build_inputs(b, device)) for b in batches])
             error = (mis_rows - single_rows).abs().max().item()

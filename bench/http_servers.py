@@ -4,18 +4,16 @@ int8), vLLM's CPU server and Infinity, started on loopback ports; `rerank` and `
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-from common import REPO, _stop, child_env, free_port, log
+from common import REPO, _stop, child_env, free_port, log, post_json, wait_ready
 
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 INFINITY = REPO / ".venv-bench" / "bin" / "infinity_emb"
@@ -33,31 +31,13 @@ class HttpServer:
         self.proc = subprocess.Popen(cmd, stdout=self.log_file, stderr=subprocess.STDOUT, env=child_env(env),
                                      start_new_session=True, preexec_fn=lambda: os.sched_setaffinity(0, cpus))
         self.client = httpx.Client(base_url=self.url, timeout=httpx.Timeout(3600.0, connect=10.0))
-        started = time.perf_counter()
-        while time.perf_counter() - started < ready_timeout:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with {self.proc.returncode}:\n{self.tail()}")
-            try:
-                if self.client.get(ready_path, timeout=5.0).status_code == 200:
-                    log(f"{name} ready after {time.perf_counter() - started:.0f} s")
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
-        self.close()
-        raise RuntimeError(f"{name} not ready after {ready_timeout:.0f} s:\n{self.tail()}")
+        wait_ready(self, name, ready_path, ready_timeout)
 
     def tail(self, chars: int = 3000) -> str:
         return Path(self.log_file.name).read_text(errors="replace")[-chars:]
 
     def post(self, path: str, body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
-        payload = json.dumps(body)
-        started = time.perf_counter()
-        response = self.client.post(path, content=payload, headers={"content-type": "application/json"})
-        elapsed = time.perf_counter() - started
-        if response.status_code != 200:
-            raise RuntimeError(f"{self.name} {path} → {response.status_code}: {response.text[:500]}")
-        return elapsed, response.json()
+        return post_json(self.client, path, body, self.name)
 
     def rerank(self, query: str, documents: list[str]) -> tuple[float, list[float]]:
         """Relevance per document, in document order (every server here answers Cohere/Jina-shaped results)."""

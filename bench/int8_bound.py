@@ -39,8 +39,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 from common import log, markdown_table, median
-from scorekeeper_worker.model.kernels.onednn_linear import FusedLinear, fuse_linears
-from scorekeeper_worker.model.loader import ScoringModel
+from scorekeeper_worker.library import (
+    DType,
+    FusedLinear,
+    ScoreAsk,
+    ScoringModel,
+    fuse_linears,
+    keep_freed_memory,
+    load_model,
+    minilm_path,
+)
 
 BATCH_TOKENS = 8192  # the worker's default --max-batch-tokens
 ISA_ENV = {"native": {}, "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
@@ -99,12 +107,11 @@ def int8_rate_ratio(trunk: torch.nn.Module, tokens: int, reps: int) -> float:
 def time_split(scoring: ScoringModel, workload: dict[str, Any]) -> dict[str, float]:
     """One request's float32 engine time (seconds) and the shares of linear layers and attention products."""
     from profile_worker import score_once
-    from scorekeeper_worker.api.wire.score import ScoreRequest
 
-    request = ScoreRequest(query=workload["query"], items=workload["items"])
-    seconds = _timed(lambda: score_once(scoring, request, False, BATCH_TOKENS), 3)
+    ask = ScoreAsk(query=workload["query"], items=workload["items"])
+    seconds = _timed(lambda: score_once(scoring, ask, BATCH_TOKENS), 3)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
-        score_once(scoring, request, False, BATCH_TOKENS)
+        score_once(scoring, ask, BATCH_TOKENS)
     shares = {"linear": 0.0, "attention": 0.0, "total": 0.0}
     for event in profile.key_averages():
         category = ("linear" if event.key in LINEAR_OPS
@@ -120,10 +127,6 @@ def child(args: argparse.Namespace) -> None:
     """Measure under this process's instruction set; one JSON record per task × mix on stdout."""
     from bench_cpu import cross_encoder_dir
     from bench_minilm import make_workload
-    from scorekeeper_worker.base.config import DType
-    from scorekeeper_worker.model.files import minilm_path
-    from scorekeeper_worker.model.loader import load_model
-    from scorekeeper_worker.serving.startup.cpu_memory import keep_freed_memory
 
     torch.set_num_threads(args.threads)
     keep_freed_memory()

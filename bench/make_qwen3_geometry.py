@@ -41,7 +41,7 @@ QWEN3_0_6B: dict[str, Any] = {
 
 def smollm2_tokenizer() -> PreTrainedTokenizerBase:
     """SmolLM2's tokenizer, read from the GGUF file installed offline (no model weights are loaded)."""
-    from scorekeeper_worker.model.files import fix_gguf_tokenizer, gguf_tokenizer_metadata, smollm2_gguf_path
+    from scorekeeper_worker.library import fix_gguf_tokenizer, gguf_tokenizer_metadata, smollm2_gguf_path
     from transformers import AutoTokenizer
 
     path = smollm2_gguf_path()
@@ -64,7 +64,7 @@ def make(out_dir: Path, seed: int = 0, dtype: str = "bfloat16", tokenizer: PreTr
          **overrides: Any) -> Path:
     """Write the model and tokenizer as a normal Hugging Face directory at `out_dir` (kept if already there)."""
     import torch
-    from scorekeeper_worker.model.files import save_converted
+    from scorekeeper_worker.library import save_converted
     from transformers import Qwen3ForCausalLM
 
     if (Path(out_dir) / "config.json").is_file():
