@@ -100,8 +100,10 @@ def deployment(model: ScoringModel, meta: dict[str, Any], template: dict[str, An
         "selector": {"matchLabels": selector_labels(model.name)},
         "strategy": _strategy(model),
         "revisionHistoryLimit": 3,
-        # Beyond the startup budget, so a slow but healthy model load is not reported as a stuck rollout.
-        "progressDeadlineSeconds": model.spec.rollout.max_startup_seconds + 600,
+        # Beyond the scheduling and startup budgets, so a slow but healthy placement and model load is not reported
+        # as a stuck rollout.
+        "progressDeadlineSeconds": model.spec.rollout.max_startup_seconds
+        + model.spec.rollout.scheduling_deadline_seconds,
         "template": template,
     }
     replicas = desired_replicas(model)
