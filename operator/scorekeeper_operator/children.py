@@ -14,7 +14,7 @@ or KEDA's (`AdmissionWebhookDenied`), anything else forbidden (`Forbidden`, e.g.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from scorekeeper_operator.cache import WatchCache
@@ -35,6 +35,7 @@ from scorekeeper_operator.render.manifests import (
     MANAGED_SELECTOR,
     OPTIONAL_KINDS,
     Rendered,
+    desired_replicas,
     selector_string,
 )
 from scorekeeper_operator.spec.model import ScoringModel
@@ -62,6 +63,7 @@ def refusal(action: str, kind: str, name: str, error: ApiError) -> ConfigError:
 class Converged:
     error: ConfigError | None = None
     held: dict[str, Any] | None = None  # the live Deployment of a model waiting for a rollout slot
+    adopted: list[str] = field(default_factory=list)  # kinds of the children adopted from a stale owner uid
 
 
 class Children:
@@ -104,8 +106,9 @@ class Children:
                 live[manifest["kind"]] = await self.get(manifest["kind"])
             except ForbiddenError as error:  # RBAC: the operator's role lacks a read
                 return Converged(refusal("read", manifest["kind"], model.name, error))
+        adopted = [kind for kind, obj in live.items() if obj is not None and adoptable(obj, model)]
         for kind, obj in live.items():
-            if obj is not None and not owned_by(obj, model.uid):
+            if obj is not None and not owned_by(obj, model.uid) and kind not in adopted:
                 return Converged(ConfigError("ChildConflict", f"{kind} {model.namespace}/{model.name} exists and is"
                                              " not owned by this ScoringModel; rename the ScoringModel or remove that"
                                              " object (the operator looks again, with backoff)"))
@@ -122,19 +125,20 @@ class Children:
         key = (model.namespace, model.name)
         decision = self.pacer.decide(key, model.generation, live["Deployment"], rendered.config_hash)
         try:
-            error = await self._apply(rendered, live, decision, wrote)
+            error = await self._apply(model, rendered, live, decision, wrote)
         finally:
             self.pacer.settle(key)
-        return Converged(error, live["Deployment"] if decision.hold else None)
+        return Converged(error, live["Deployment"] if decision.hold else None,
+                         [kind for kind in adopted if f"apply {kind}" in wrote])
 
-    async def _apply(self, rendered: Rendered, live: dict[str, dict[str, Any] | None], decision: Decision,
-                     wrote: list[str]) -> ConfigError | None:
+    async def _apply(self, model: ScoringModel, rendered: Rendered, live: dict[str, dict[str, Any] | None],
+                     decision: Decision, wrote: list[str]) -> ConfigError | None:
         for manifest in rendered.manifests:
             kind, current = manifest["kind"], live[manifest["kind"]]
             if decision.hold and kind in POD_KINDS and current is not None:
                 continue  # waiting for a rollout slot: the pods keep running what they run
             if kind == "Deployment":
-                paced = paced_annotations(current, rendered.config_hash, decision)
+                paced = paced_annotations(current, rendered.config_hash, decision, guaranteed(model))
                 manifest = {**manifest, "metadata": {**manifest["metadata"], "annotations": {
                     **manifest["metadata"].get("annotations", {}), **paced}}}
             handover = current is not None and kind == "Deployment" \
@@ -159,6 +163,22 @@ class Children:
         await self.api.apply({"apiVersion": "apps/v1", "kind": "Deployment",
                               "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
                               "spec": {"replicas": deployment["spec"].get("replicas", 1)}}, HANDOVER_FIELD_MANAGER)
+
+
+def guaranteed(model: ScoringModel) -> int:
+    """The capacity the model guarantees: its replicas, or with autoscaling its minReplicas."""
+    replicas = desired_replicas(model)
+    return model.spec.autoscaling.min_replicas if replicas is None else replicas
+
+
+def adoptable(obj: dict[str, Any], model: ScoringModel) -> bool:
+    """Ours before, by its labels, but its owner is an older ScoringModel of the same name (a backup restored, the
+    model re-created while the garbage collector lagged): adopted, not a conflict. Nothing else owns it."""
+    meta = obj.get("metadata") or {}
+    labels, owners = meta.get("labels") or {}, meta.get("ownerReferences") or []
+    return (owned_by_label(obj) and labels.get("app.kubernetes.io/instance") == model.name and bool(owners)
+            and all(ref.get("kind") == "ScoringModel" and ref.get("name") == model.name
+                    and ref.get("uid") != model.uid for ref in owners))
 
 
 def owned_by_label(obj: dict[str, Any]) -> bool:

@@ -10,15 +10,23 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from scorekeeper_operator import metrics
 from scorekeeper_operator.cache import WatchCache
-from scorekeeper_operator.children import REFUSALS, Children, Converged
+from scorekeeper_operator.children import REFUSALS, Children, Converged, refusal
 from scorekeeper_operator.hub import HubUnavailable, Unresolvable, resolve_revision
-from scorekeeper_operator.k8s import CHILD_KINDS, DISCOVERY_TTL_SECONDS, EVENTS, SCORING_MODELS, KubeApi, RejectedError
+from scorekeeper_operator.k8s import (
+    CHILD_KINDS,
+    DISCOVERY_TTL_SECONDS,
+    EVENTS,
+    SCORING_MODELS,
+    ForbiddenError,
+    KubeApi,
+    RejectedError,
+)
 from scorekeeper_operator.pacing import Pacer, template_hash
 from scorekeeper_operator.render.manifests import (
     API_VERSION,
@@ -64,7 +72,23 @@ def utc_now() -> datetime:
 def _scaling_and_startup(model: ScoringModel) -> dict[str, Any]:
     scaling = model.spec.autoscaling
     return {"min_replicas": scaling.min_replicas if scaling.enabled else None,
-            "startup_seconds": model.spec.rollout.max_startup_seconds}
+            "startup_seconds": model.spec.rollout.max_startup_seconds,
+            "scheduling_deadline": float(model.spec.rollout.scheduling_deadline_seconds)}
+
+
+def _condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == kind), {})
+
+
+def _degraded(status: dict[str, Any]) -> str:
+    found = _condition(status, "Degraded")
+    return str(found.get("reason", "")) if found.get("status") == "True" else ""
+
+
+def _ready_note(status: dict[str, Any]) -> str:
+    """Why a model in a rollout slot still holds it, for the models that wait: its Ready condition."""
+    ready = _condition(status, "Ready")
+    return f"{ready.get('reason')}: {ready.get('message')}"
 
 
 def running(deployment: dict[str, Any], rendered: Rendered) -> Rendered:
@@ -84,10 +108,16 @@ class Reconciler:
         self._fresh_wanted: set[Key] = set()
 
     async def reconcile(self, namespace: str, name: str) -> ConfigError | None:
-        """A pass now, reading everything fresh (for the kopf handlers: create, a spec change, resume). Returns the
-        configuration error written to status, if any."""
+        """A pass now, reading everything fresh (for the kopf handlers: create, resume). Returns the configuration
+        error written to status, if any."""
         self._fresh_wanted.add((namespace, name))
         return await self.scheduler.run_soon((namespace, name))
+
+    def edited(self, namespace: str, name: str) -> None:
+        """The spec changed (the kopf update handler): a fresh pass now, unless another edit came within the debounce
+        window; then one pass once the edits stop for that long, so a burst is rendered (and rolled out) once."""
+        self._fresh_wanted.add((namespace, name))
+        self.scheduler.edited((namespace, name), self.settings.debounce_seconds)
 
     def trigger(self, namespace: str, name: str) -> None:
         """A pass soon (for watch events on children), coalesced with any already due."""
@@ -146,17 +176,28 @@ class Reconciler:
         shown = rendered
         if rendered is not None and converged.held is not None:  # waiting: the status shows what runs
             shown = running(converged.held, rendered)
-            pending = {"pending_config_hash": rendered.config_hash,
+            pending = {"pending_config_hash": rendered.config_hash, "slot_wait": self.pacer.wait_note(),
                        "pending_image": rendered.worker_image if rendered.worker_image != shown.worker_image
                        else None}
+        for kind in converged.adopted:
+            if await self._post_event(body, "Normal", "Adopted", f"{kind} {namespace}/{name} carried this model's"
+                                      " labels but named an older ScoringModel of this name as its owner: adopted"):
+                report.wrote.append("event")
         desired = Desired(
             generation=int(body["metadata"].get("generation") or 0), selector=selector_string(name),
             endpoint=endpoint(name, namespace), rendered=shown if error is None else None, config_error=error,
             fixed_replicas=desired_replicas(model) if model is not None else None,
             model_source=model.model_status() if model is not None else (body.get("status") or {}).get("model"),
             **pending, **(_scaling_and_startup(model) if model is not None else {}))  # type: ignore[arg-type]
-        observed = await self._observe(children, autoscaler_name(model) if model is not None else None)
+        observed, refused = await self._observe(children, autoscaler_name(model) if model is not None else None)
+        if refused is not None and error is None:  # a 403 on a LIST: in status like a refused write, re-checked
+            error = refused
+            desired = replace(desired, config_error=error)
         assessment = compute_status(desired, observed, body.get("status") or {}, self._clock())
+        if model is not None and self.pacer.report(key, observed.deployment, _degraded(assessment.status),
+                                                   _ready_note(assessment.status)):
+            for waiting in self.pacer.waiting:  # what they say about the wave changed
+                self.scheduler.trigger(waiting)
         if await self._write_status(body, assessment.status):
             report.wrote.append("status")
             if error is not None and await self._announce(body, error):
@@ -218,17 +259,27 @@ class Reconciler:
         return False, ConfigError(KEDA_UNAVAILABLE, "autoscaling.provider is KEDA, but keda.sh/v1alpha1 ScaledObjects"
                                   " are not served; install KEDA (checked again every minute)")
 
-    async def _observe(self, children: Children, autoscaler: str | None) -> Observed:
+    async def _observe(self, children: Children, autoscaler: str | None) -> tuple[Observed, ConfigError | None]:
         """`autoscaler`: the name of the HPA that sets the replica count (ours, or KEDA's); None: no autoscaling.
-        The Deployment, the pods and the HPA come from the cache; only the Events of pods on their way are listed."""
+        The Deployment, the pods and the HPA come from the cache; only the Events of pods on their way are listed.
+        A LIST the API forbids (RBAC) is named, and the pass goes on with what it could read."""
         deployment = await children.get("Deployment")
-        pods = await children.pods()
+        try:
+            pods = await children.pods()
+        except ForbiddenError as error:
+            return Observed(deployment), refusal("list", "Pods", "in this namespace", error)
         events: dict[str, list[dict[str, Any]]] = {}
+        refused = None
         for pod in [p for p in pods if needs_events(p)][:EVENT_PODS_PER_PASS]:
             about = f"involvedObject.uid={pod['metadata']['uid']}"
-            events[pod["metadata"]["name"]] = await self.api.list(EVENTS, children.namespace, field_selector=about)
+            try:
+                events[pod["metadata"]["name"]] = await self.api.list(EVENTS, children.namespace,
+                                                                      field_selector=about)
+            except ForbiddenError as error:
+                refused = refusal("list", "Events", "in this namespace", error)
+                break
         hpa = None if autoscaler is None else await children.get("HorizontalPodAutoscaler", autoscaler)
-        return Observed(deployment, pods, events, hpa)
+        return Observed(deployment, pods, events, hpa), refused
 
     def _schedule_next(self, key: Key, error: ConfigError | None, assessment: Assessment, report: PassReport) -> None:
         """The next timed pass: the earliest of the resync, a re-check of what heals without an event (a conflict,
@@ -271,24 +322,26 @@ class Reconciler:
     async def _announce(self, body: dict[str, Any], error: ConfigError) -> bool:
         """A Warning Event when a configuration error appears or changes (`kubectl describe` and event exporters show
         it), posted by the pass that wrote it to status: every path, kopf handler or retry, says so at once."""
-        before = next((c for c in (body.get("status") or {}).get("conditions") or []
-                       if c.get("type") == "ConfigValid"), {})
+        before = _condition(body.get("status") or {}, "ConfigValid")
         if (before.get("status"), before.get("reason"), before.get("message")) == ("False", error.reason,
                                                                                   error.message):
             return False
+        return await self._post_event(body, "Warning", error.reason, error.message)
+
+    async def _post_event(self, body: dict[str, Any], kind: str, reason: str, message: str) -> bool:
         meta, now = body["metadata"], self._clock().strftime("%Y-%m-%dT%H:%M:%SZ")
         event = {"apiVersion": "v1", "kind": "Event",
                  "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
                  "involvedObject": {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"],
                                     "namespace": meta["namespace"], "uid": meta.get("uid"),
                                     "resourceVersion": meta.get("resourceVersion")},
-                 "type": "Warning", "reason": error.reason, "message": error.message[:1024],
+                 "type": kind, "reason": reason, "message": message[:1024],
                  "source": {"component": MANAGED_BY}, "reportingComponent": MANAGED_BY,
                  "firstTimestamp": now, "lastTimestamp": now, "count": 1}
         try:
             await self.api.create(EVENTS, meta["namespace"], event)
-        except Exception as failure:  # the condition is written; an Event we cannot post is not worth a retry
-            logger.warning("could not post the %s Event of %s/%s: %s", error.reason, meta["namespace"], meta["name"],
+        except Exception as failure:  # the status is written; an Event we cannot post is not worth a retry
+            logger.warning("could not post the %s Event of %s/%s: %s", reason, meta["namespace"], meta["name"],
                            failure)
             return False
         return True
