@@ -20,6 +20,7 @@ from typing import Any
 from scorekeeper_operator.cache import WatchCache
 from scorekeeper_operator.k8s import (
     CHILD_KINDS,
+    EVENTS,
     FIELD_MANAGER,
     HANDOVER_FIELD_MANAGER,
     PODS,
@@ -39,7 +40,8 @@ from scorekeeper_operator.render.manifests import (
     selector_string,
 )
 from scorekeeper_operator.spec.model import ScoringModel
-from scorekeeper_operator.status.compute import ConfigError
+from scorekeeper_operator.status.compute import ConfigError, Observed
+from scorekeeper_operator.status.pods import needs_events
 
 # Children whose API exists only once an add-on (Prometheus Operator, KEDA) is installed.
 CUSTOM_KINDS = ("ServiceMonitor", "ScaledObject")
@@ -48,6 +50,7 @@ CUSTOM_KINDS = ("ServiceMonitor", "ScaledObject")
 REFUSALS = ("Rejected", "QuotaExceeded", "AdmissionWebhookDenied", "Forbidden")
 # What the pod runs: a waiting model keeps these two as they are (pacing.py).
 POD_KINDS = ("ConfigMap", "Deployment")
+EVENT_PODS_PER_PASS = 5  # Events are read per pod (by uid), for at most this many pods that are not ready
 
 
 def refusal(action: str, kind: str, name: str, error: ApiError) -> ConfigError:
@@ -98,6 +101,27 @@ class Children:
                                          label_selector=f"{selector_string(self.name)},{MANAGED_SELECTOR}")
             self.cache.replace_instance(PODS.plural, self.namespace, self.name, listed)
         return self.cache.of_instance(PODS.plural, self.namespace, self.name)
+
+    async def observe(self, autoscaler: str | None) -> tuple[Observed, ConfigError | None]:
+        """`autoscaler`: the name of the HPA that sets the replica count (ours, or KEDA's); None: no autoscaling.
+        The Deployment, the pods and the HPA come from the cache; only the Events of pods on their way are listed.
+        A LIST the API forbids (RBAC) is named, and the pass goes on with what it could read."""
+        deployment = await self.get("Deployment")
+        try:
+            pods = await self.pods()
+        except ForbiddenError as error:
+            return Observed(deployment), refusal("list", "Pods", "in this namespace", error)
+        events: dict[str, list[dict[str, Any]]] = {}
+        refused = None
+        for pod in [p for p in pods if needs_events(p)][:EVENT_PODS_PER_PASS]:
+            about = f"involvedObject.uid={pod['metadata']['uid']}"
+            try:
+                events[pod["metadata"]["name"]] = await self.api.list(EVENTS, self.namespace, field_selector=about)
+            except ForbiddenError as error:
+                refused = refusal("list", "Events", "in this namespace", error)
+                break
+        hpa = None if autoscaler is None else await self.get("HorizontalPodAutoscaler", autoscaler)
+        return Observed(deployment, pods, events, hpa), refused
 
     async def converge(self, model: ScoringModel, rendered: Rendered, wrote: list[str]) -> Converged:
         live: dict[str, dict[str, Any] | None] = {}

@@ -123,6 +123,8 @@ class Pacer:
     def wait_note(self) -> str:
         """What a waiting model says: which models hold the slots, and why."""
         held = sorted(self.busy())
+        if not held:
+            return "waiting for a rollout slot: one is free, and the longest-waiting model takes it next"
         why = "; ".join(f"{ns}/{name} holds one ({self._notes.get((ns, name), 'its rollout has not progressed')})"
                         for ns, name in held)
         return f"waiting for one of {self.max_concurrent} rollout slots (SCOREKEEPER_MAX_CONCURRENT_UPGRADES): {why}"

@@ -16,41 +16,36 @@ from typing import Any
 
 from scorekeeper_operator import metrics
 from scorekeeper_operator.cache import WatchCache
-from scorekeeper_operator.children import REFUSALS, Children, Converged, refusal
+from scorekeeper_operator.children import REFUSALS, Children, Converged
 from scorekeeper_operator.hub import HubUnavailable, Unresolvable, resolve_revision
 from scorekeeper_operator.k8s import (
     CHILD_KINDS,
     DISCOVERY_TTL_SECONDS,
     EVENTS,
     SCORING_MODELS,
-    ForbiddenError,
     KubeApi,
     RejectedError,
 )
 from scorekeeper_operator.pacing import Pacer, template_hash
 from scorekeeper_operator.render.manifests import (
-    API_VERSION,
-    KIND,
-    MANAGED_BY,
     Rendered,
     autoscaler_name,
     desired_replicas,
     endpoint,
+    event_about,
     render,
     selector_string,
 )
 from scorekeeper_operator.schedule import Key, Scheduler
 from scorekeeper_operator.spec.model import AutoscalerProvider, InvalidSpec, ScoringModel
 from scorekeeper_operator.spec.settings import OperatorSettings
-from scorekeeper_operator.status.compute import Assessment, ConfigError, Desired, Observed, compute_status
-from scorekeeper_operator.status.pods import needs_events
+from scorekeeper_operator.status.compute import Assessment, ConfigError, Desired, compute_status
 
 logger = logging.getLogger(__name__)
 # What can heal without a spec edit (the foreign object is deleted, a quota raised, a policy changed, the Hub answers
 # again): looked at again with backoff.
 HEALABLE = frozenset({"ChildConflict", "HubUnavailable", *REFUSALS})
 KEDA_UNAVAILABLE = "KedaUnavailable"  # healed by installing KEDA: looked at again once discovery may have changed
-EVENT_PODS_PER_PASS = 5  # Events are read per pod (by uid), for at most this many pods that are not ready
 
 
 @dataclass
@@ -189,7 +184,7 @@ class Reconciler:
             fixed_replicas=desired_replicas(model) if model is not None else None,
             model_source=model.model_status() if model is not None else (body.get("status") or {}).get("model"),
             **pending, **(_scaling_and_startup(model) if model is not None else {}))  # type: ignore[arg-type]
-        observed, refused = await self._observe(children, autoscaler_name(model) if model is not None else None)
+        observed, refused = await children.observe(autoscaler_name(model) if model is not None else None)
         if refused is not None and error is None:  # a 403 on a LIST: in status like a refused write, re-checked
             error = refused
             desired = replace(desired, config_error=error)
@@ -259,28 +254,6 @@ class Reconciler:
         return False, ConfigError(KEDA_UNAVAILABLE, "autoscaling.provider is KEDA, but keda.sh/v1alpha1 ScaledObjects"
                                   " are not served; install KEDA (checked again every minute)")
 
-    async def _observe(self, children: Children, autoscaler: str | None) -> tuple[Observed, ConfigError | None]:
-        """`autoscaler`: the name of the HPA that sets the replica count (ours, or KEDA's); None: no autoscaling.
-        The Deployment, the pods and the HPA come from the cache; only the Events of pods on their way are listed.
-        A LIST the API forbids (RBAC) is named, and the pass goes on with what it could read."""
-        deployment = await children.get("Deployment")
-        try:
-            pods = await children.pods()
-        except ForbiddenError as error:
-            return Observed(deployment), refusal("list", "Pods", "in this namespace", error)
-        events: dict[str, list[dict[str, Any]]] = {}
-        refused = None
-        for pod in [p for p in pods if needs_events(p)][:EVENT_PODS_PER_PASS]:
-            about = f"involvedObject.uid={pod['metadata']['uid']}"
-            try:
-                events[pod["metadata"]["name"]] = await self.api.list(EVENTS, children.namespace,
-                                                                      field_selector=about)
-            except ForbiddenError as error:
-                refused = refusal("list", "Events", "in this namespace", error)
-                break
-        hpa = None if autoscaler is None else await children.get("HorizontalPodAutoscaler", autoscaler)
-        return Observed(deployment, pods, events, hpa), refused
-
     def _schedule_next(self, key: Key, error: ConfigError | None, assessment: Assessment, report: PassReport) -> None:
         """The next timed pass: the earliest of the resync, a re-check of what heals without an event (a conflict,
         a refusal, the Hub answering again, KEDA getting installed), a deadline, Event polling. A model waiting for a
@@ -329,17 +302,9 @@ class Reconciler:
         return await self._post_event(body, "Warning", error.reason, error.message)
 
     async def _post_event(self, body: dict[str, Any], kind: str, reason: str, message: str) -> bool:
-        meta, now = body["metadata"], self._clock().strftime("%Y-%m-%dT%H:%M:%SZ")
-        event = {"apiVersion": "v1", "kind": "Event",
-                 "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-                 "involvedObject": {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"],
-                                    "namespace": meta["namespace"], "uid": meta.get("uid"),
-                                    "resourceVersion": meta.get("resourceVersion")},
-                 "type": kind, "reason": reason, "message": message[:1024],
-                 "source": {"component": MANAGED_BY}, "reportingComponent": MANAGED_BY,
-                 "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+        meta = body["metadata"]
         try:
-            await self.api.create(EVENTS, meta["namespace"], event)
+            await self.api.create(EVENTS, meta["namespace"], event_about(meta, kind, reason, message, self._clock()))
         except Exception as failure:  # the status is written; an Event we cannot post is not worth a retry
             logger.warning("could not post the %s Event of %s/%s: %s", reason, meta["namespace"], meta["name"],
                            failure)

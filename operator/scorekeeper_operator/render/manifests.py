@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from scorekeeper_operator.render import children as render_children
@@ -62,6 +63,19 @@ def endpoint(name: str, namespace: str) -> str:
 def owner_reference(model: ScoringModel) -> dict[str, Any]:
     return {"apiVersion": API_VERSION, "kind": KIND, "name": model.name, "uid": model.uid,
             "controller": True, "blockOwnerDeletion": True}
+
+
+def event_about(meta: dict[str, Any], kind: str, reason: str, message: str, now: datetime) -> dict[str, Any]:
+    """An Event about the ScoringModel with this metadata (`kind`: Normal or Warning)."""
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta.get("uid"),
+                               "resourceVersion": meta.get("resourceVersion")},
+            "type": kind, "reason": reason, "message": message[:1024],
+            "source": {"component": MANAGED_BY}, "reportingComponent": MANAGED_BY,
+            "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1}
 
 
 def desired_replicas(model: ScoringModel) -> int | None:
