@@ -101,6 +101,7 @@ class Reconciler:
         self.pacer = Pacer(settings.max_concurrent_upgrades, self.cache)
         self._fresh_until: dict[Key, float] = {}  # until when a model's passes may read the cache
         self._fresh_wanted: set[Key] = set()
+        self._rendered: dict[Key, tuple[int, float]] = {}  # the last generation rendered, and when it was first
 
     async def reconcile(self, namespace: str, name: str) -> ConfigError | None:
         """A pass now, reading everything fresh (for the kopf handlers: create, resume). Returns the configuration
@@ -149,8 +150,15 @@ class Reconciler:
             self.scheduler.retire(key)
             self.pacer.forget(key)
             self.cache.forget_instance(namespace, name)
+            self._rendered.pop(key, None)
             self._release_waiting()
             logger.debug("pass %s/%s: the ScoringModel is gone", *key, extra={"pass_report": report})
+            return None
+        if self._settling(key, int(body["metadata"].get("generation") or 0)):
+            if fresh:
+                self._fresh_wanted.add(key)
+            logger.debug("pass %s/%s: a spec edit within %.1fs of the last one rendered: held", *key,
+                         self.settings.debounce_seconds)
             return None
         children = Children(self.api, self.cache, self.pacer, namespace, name, fresh)
         model, error = self._parse(body)
@@ -204,6 +212,19 @@ class Reconciler:
         logger.debug("pass %s/%s: wrote %s; next pass in %.1fs", *key, ", ".join(report.wrote) or "nothing",
                      report.next_pass_in, extra={"pass_report": report})
         return error
+
+    def _settling(self, key: Key, generation: int) -> bool:
+        """Debounce on the pass's side: a generation newer than the last one rendered, which was rendered less than
+        the window ago, waits until the edits stop (kopf may not have delivered the edit yet: a pass for a child
+        event must not render it either). Otherwise the generation counts as rendered from now on."""
+        window, now = self.settings.debounce_seconds, time.monotonic()
+        last = self._rendered.get(key)
+        if last is not None and last[0] != generation and now - last[1] < window:
+            self.scheduler.edited(key, window, settling=True)
+            return True
+        if last is None or last[0] != generation:
+            self._rendered[key] = (generation, now)
+        return False
 
     def _parse(self, body: dict[str, Any]) -> tuple[ScoringModel | None, ConfigError | None]:
         try:
