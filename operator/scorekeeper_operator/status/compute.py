@@ -179,7 +179,8 @@ def compute_status(desired: Desired, observed: Observed, previous: dict[str, Any
         reason = "PodsUnschedulable" if any(w.reason == "Scheduling" for w in unplaced) else "NodeProvisioning"
         down = "the model is down: no pod serves" if ready == 0 else f"below its capacity: {counts}"
         places = "; ".join(f"{w.pod}: {w.message}" for w in unplaced[:3])
-        availability = (False, reason, f"{down}; waiting for a node: {places}")
+        what = "pods that cannot be placed" if reason == "PodsUnschedulable" else "pods waiting for a node being added"
+        availability = (False, reason, f"{down}; {what}: {places}")
     ready_state: Condition
     if dep is None:
         ready_state = (False, error.reason if error else "DeploymentMissing",
