@@ -45,11 +45,12 @@ async def test_a_foreign_child_is_still_a_conflict(operator: Cluster) -> None:
 
 async def test_a_403_on_the_events_list_reaches_status_and_heals(operator: Cluster) -> None:
     await created(operator)
-    operator.emulator.fail("GET", "events", status=403, times=3, reason="Forbidden", message=RBAC)
+    operator.emulator.fail("GET", "events", status=403, times=10_000, reason="Forbidden", message=RBAC)
     await add_worker_pod(operator, "reranker-a", ready=False, phase="Pending")  # its Events are read
     await operator.wait_for(lambda: condition(operator, "ChildrenReady") == ("False", "Forbidden"), what="named")
     found = next(c for c in model_status(operator)["conditions"] if c["type"] == "ChildrenReady")
     assert "list Events" in found["message"] and RBAC in found["message"]
+    operator.emulator.heal()  # the Role gains the rule: the re-check (with backoff) finds it
     await operator.wait_for(lambda: condition(operator, "ChildrenReady") == ("True", "Applied"), what="healed")
 
 
