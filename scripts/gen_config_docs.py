@@ -61,6 +61,7 @@ SAMPLES: dict[str, Any] = {
     "resources.gpu.resourceName": "amd.com/gpu",
     "resources.cpu": "2",
     "resources.memory": "8Gi",
+    "resources.shmSize": "2Gi",
     "scheduling.nodeSelector": {"pool": "gpu"},
     "scheduling.tolerations[].key": "dedicated",
     "scheduling.tolerations[].value": "ml",

@@ -14,12 +14,13 @@ or KEDA's (`AdmissionWebhookDenied`), anything else forbidden (`Forbidden`, e.g.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from scorekeeper_operator.cache import WatchCache
 from scorekeeper_operator.k8s import (
     CHILD_KINDS,
+    EVENTS,
     FIELD_MANAGER,
     HANDOVER_FIELD_MANAGER,
     PODS,
@@ -35,10 +36,12 @@ from scorekeeper_operator.render.manifests import (
     MANAGED_SELECTOR,
     OPTIONAL_KINDS,
     Rendered,
+    desired_replicas,
     selector_string,
 )
 from scorekeeper_operator.spec.model import ScoringModel
-from scorekeeper_operator.status.compute import ConfigError
+from scorekeeper_operator.status.compute import ConfigError, Observed
+from scorekeeper_operator.status.pods import needs_events
 
 # Children whose API exists only once an add-on (Prometheus Operator, KEDA) is installed.
 CUSTOM_KINDS = ("ServiceMonitor", "ScaledObject")
@@ -47,6 +50,7 @@ CUSTOM_KINDS = ("ServiceMonitor", "ScaledObject")
 REFUSALS = ("Rejected", "QuotaExceeded", "AdmissionWebhookDenied", "Forbidden")
 # What the pod runs: a waiting model keeps these two as they are (pacing.py).
 POD_KINDS = ("ConfigMap", "Deployment")
+EVENT_PODS_PER_PASS = 5  # Events are read per pod (by uid), for at most this many pods that are not ready
 
 
 def refusal(action: str, kind: str, name: str, error: ApiError) -> ConfigError:
@@ -62,6 +66,7 @@ def refusal(action: str, kind: str, name: str, error: ApiError) -> ConfigError:
 class Converged:
     error: ConfigError | None = None
     held: dict[str, Any] | None = None  # the live Deployment of a model waiting for a rollout slot
+    adopted: list[str] = field(default_factory=list)  # kinds of the children adopted from a stale owner uid
 
 
 class Children:
@@ -97,6 +102,27 @@ class Children:
             self.cache.replace_instance(PODS.plural, self.namespace, self.name, listed)
         return self.cache.of_instance(PODS.plural, self.namespace, self.name)
 
+    async def observe(self, autoscaler: str | None) -> tuple[Observed, ConfigError | None]:
+        """`autoscaler`: the name of the HPA that sets the replica count (ours, or KEDA's); None: no autoscaling.
+        The Deployment, the pods and the HPA come from the cache; only the Events of pods on their way are listed.
+        A LIST the API forbids (RBAC) is named, and the pass goes on with what it could read."""
+        deployment = await self.get("Deployment")
+        try:
+            pods = await self.pods()
+        except ForbiddenError as error:
+            return Observed(deployment), refusal("list", "Pods", "in this namespace", error)
+        events: dict[str, list[dict[str, Any]]] = {}
+        refused = None
+        for pod in [p for p in pods if needs_events(p)][:EVENT_PODS_PER_PASS]:
+            about = f"involvedObject.uid={pod['metadata']['uid']}"
+            try:
+                events[pod["metadata"]["name"]] = await self.api.list(EVENTS, self.namespace, field_selector=about)
+            except ForbiddenError as error:
+                refused = refusal("list", "Events", "in this namespace", error)
+                break
+        hpa = None if autoscaler is None else await self.get("HorizontalPodAutoscaler", autoscaler)
+        return Observed(deployment, pods, events, hpa), refused
+
     async def converge(self, model: ScoringModel, rendered: Rendered, wrote: list[str]) -> Converged:
         live: dict[str, dict[str, Any] | None] = {}
         for manifest in rendered.manifests:
@@ -104,8 +130,9 @@ class Children:
                 live[manifest["kind"]] = await self.get(manifest["kind"])
             except ForbiddenError as error:  # RBAC: the operator's role lacks a read
                 return Converged(refusal("read", manifest["kind"], model.name, error))
+        adopted = [kind for kind, obj in live.items() if obj is not None and adoptable(obj, model)]
         for kind, obj in live.items():
-            if obj is not None and not owned_by(obj, model.uid):
+            if obj is not None and not owned_by(obj, model.uid) and kind not in adopted:
                 return Converged(ConfigError("ChildConflict", f"{kind} {model.namespace}/{model.name} exists and is"
                                              " not owned by this ScoringModel; rename the ScoringModel or remove that"
                                              " object (the operator looks again, with backoff)"))
@@ -122,19 +149,20 @@ class Children:
         key = (model.namespace, model.name)
         decision = self.pacer.decide(key, model.generation, live["Deployment"], rendered.config_hash)
         try:
-            error = await self._apply(rendered, live, decision, wrote)
+            error = await self._apply(model, rendered, live, decision, wrote)
         finally:
             self.pacer.settle(key)
-        return Converged(error, live["Deployment"] if decision.hold else None)
+        return Converged(error, live["Deployment"] if decision.hold else None,
+                         [kind for kind in adopted if f"apply {kind}" in wrote])
 
-    async def _apply(self, rendered: Rendered, live: dict[str, dict[str, Any] | None], decision: Decision,
-                     wrote: list[str]) -> ConfigError | None:
+    async def _apply(self, model: ScoringModel, rendered: Rendered, live: dict[str, dict[str, Any] | None],
+                     decision: Decision, wrote: list[str]) -> ConfigError | None:
         for manifest in rendered.manifests:
             kind, current = manifest["kind"], live[manifest["kind"]]
             if decision.hold and kind in POD_KINDS and current is not None:
                 continue  # waiting for a rollout slot: the pods keep running what they run
             if kind == "Deployment":
-                paced = paced_annotations(current, rendered.config_hash, decision)
+                paced = paced_annotations(current, rendered.config_hash, decision, guaranteed(model))
                 manifest = {**manifest, "metadata": {**manifest["metadata"], "annotations": {
                     **manifest["metadata"].get("annotations", {}), **paced}}}
             handover = current is not None and kind == "Deployment" \
@@ -159,6 +187,22 @@ class Children:
         await self.api.apply({"apiVersion": "apps/v1", "kind": "Deployment",
                               "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
                               "spec": {"replicas": deployment["spec"].get("replicas", 1)}}, HANDOVER_FIELD_MANAGER)
+
+
+def guaranteed(model: ScoringModel) -> int:
+    """The capacity the model guarantees: its replicas, or with autoscaling its minReplicas."""
+    replicas = desired_replicas(model)
+    return model.spec.autoscaling.min_replicas if replicas is None else replicas
+
+
+def adoptable(obj: dict[str, Any], model: ScoringModel) -> bool:
+    """Ours before, by its labels, but its owner is an older ScoringModel of the same name (a backup restored, the
+    model re-created while the garbage collector lagged): adopted, not a conflict. Nothing else owns it."""
+    meta = obj.get("metadata") or {}
+    labels, owners = meta.get("labels") or {}, meta.get("ownerReferences") or []
+    return (owned_by_label(obj) and labels.get("app.kubernetes.io/instance") == model.name and bool(owners)
+            and all(ref.get("kind") == "ScoringModel" and ref.get("name") == model.name
+                    and ref.get("uid") != model.uid for ref in owners))
 
 
 def owned_by_label(obj: dict[str, Any]) -> bool:

@@ -80,9 +80,14 @@ def probe(memo: kopf.Memo, **_: Any) -> str:
     return "ready" if "reconciler" in memo else "starting"
 
 
+@kopf.on.update(*SCORING_MODEL, field="spec")
+async def edit_model(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+    """A spec change: debounced (SCOREKEEPER_DEBOUNCE_SECONDS), so a burst of edits is rendered once; never waits."""
+    memo.reconciler.edited(namespace, name)
+
+
 @kopf.on.resume(*SCORING_MODEL)
 @kopf.on.create(*SCORING_MODEL)
-@kopf.on.update(*SCORING_MODEL, field="spec")
 async def reconcile_model(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
     """A pass that reads everything fresh. Its outcome is the reconciler's business: a configuration error is in
     status (ConfigValid=False) with a Warning Event, and every retry or re-check runs in the reconciler's worker (one

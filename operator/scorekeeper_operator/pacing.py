@@ -8,8 +8,11 @@ SCOREKEEPER_MAX_CONCURRENT_UPGRADES slots:
 
 - a waiting model keeps its Deployment and ConfigMap exactly as they are, and reports the change it waits for
   (`status.pendingConfigHash`, `status.pendingWorkerImage`): it rolls once, when its turn comes, never twice;
-- a model in a slot holds it until its rollout completes (the Deployment controller has observed the template and
-  every wanted pod of it is ready), so a broken upgrade stops the wave after that many models;
+- a model in a slot holds it until its rollout has progressed: the new configuration serves the capacity the model
+  guarantees (its replicas, or with autoscaling its minReplicas; `PACED_CAPACITY_ANNOTATION`), not every pod an HPA
+  may want. A model that has failed for want of room (its new pods unplaceable past their scheduling deadline)
+  frees its slot too. A model whose new pods fail (crash, load, image) keeps it, so a broken upgrade stops the wave
+  after that many models; every waiting model names the models that hold the slots, and why (`wait_note`);
 - a freed slot (a rollout completed, a model deleted: both are Deployment watch events) goes to the model that has
   waited longest, and to no other, so a wave costs one pass per model, not one per model per completed rollout.
 
@@ -29,6 +32,10 @@ from scorekeeper_operator.render.manifests import CONFIG_HASH_ANNOTATION, GENERA
 Key = tuple[str, str]  # (namespace, name)
 # On the Deployment while an operator-caused rollout runs: its config hash (metadata only: writing it rolls nothing).
 PACED_ANNOTATION = "scorekeeper.dev/paced-rollout"
+# With it: how many pods of the new configuration must serve before the slot frees (the guaranteed capacity).
+PACED_CAPACITY_ANNOTATION = "scorekeeper.dev/paced-capacity"
+# Degraded reasons that free a slot: the model failed for want of room, not because of the release.
+FREES_SLOT = frozenset({"Unschedulable"})
 
 
 @dataclass(frozen=True)
@@ -47,19 +54,20 @@ def template_hash(deployment: dict[str, Any]) -> str | None:
     return value
 
 
-def rolled_out(deployment: dict[str, Any]) -> bool:
-    """The Deployment controller has observed the newest template and every wanted pod of it is ready."""
-    status = deployment.get("status") or {}
+def progressed(deployment: dict[str, Any]) -> bool:
+    """The new template serves the guaranteed capacity: at least that many ready pods are not old ones."""
+    status, notes = deployment.get("status") or {}, annotations(deployment)
     want = deployment.get("spec", {}).get("replicas", 1)
+    capacity = min(want, int(notes.get(PACED_CAPACITY_ANNOTATION) or want))
+    old = status.get("replicas", 0) - status.get("updatedReplicas", 0)
     return (status.get("observedGeneration", 0) >= deployment["metadata"].get("generation", 0)
-            and status.get("updatedReplicas", 0) >= want and status.get("readyReplicas", 0) >= want
-            and status.get("replicas", 0) == status.get("updatedReplicas", 0))
+            and status.get("readyReplicas", 0) - max(0, old) >= capacity)
 
 
 def in_slot(deployment: dict[str, Any]) -> bool:
-    """Rolling out an operator-caused change that has not completed."""
+    """Rolling out an operator-caused change that has not progressed yet."""
     paced = annotations(deployment).get(PACED_ANNOTATION)
-    return paced is not None and paced == template_hash(deployment) and not rolled_out(deployment)
+    return paced is not None and paced == template_hash(deployment) and not progressed(deployment)
 
 
 def operator_caused(live: dict[str, Any] | None, generation: int, config_hash: str) -> bool:
@@ -69,11 +77,16 @@ def operator_caused(live: dict[str, Any] | None, generation: int, config_hash: s
     return annotations(live).get(GENERATION_ANNOTATION) in (None, str(generation))
 
 
-def paced_annotations(live: dict[str, Any] | None, config_hash: str, decision: Decision) -> dict[str, str]:
-    """The pacing annotation to apply with the Deployment: set by a paced apply, kept while that rollout is on."""
+def paced_annotations(live: dict[str, Any] | None, config_hash: str, decision: Decision,
+                      capacity: int) -> dict[str, str]:
+    """The pacing annotations to apply with the Deployment: set by a paced apply, kept while that rollout is on."""
     if decision.paced or (live is not None and annotations(live).get(PACED_ANNOTATION) == config_hash):
-        return {PACED_ANNOTATION: config_hash}
+        return {PACED_ANNOTATION: config_hash, PACED_CAPACITY_ANNOTATION: str(capacity)}
     return {}
+
+
+def _key(deployment: dict[str, Any]) -> Key:
+    return deployment["metadata"].get("namespace", ""), deployment["metadata"]["name"]
 
 
 class Pacer:
@@ -83,11 +96,38 @@ class Pacer:
         self.max_concurrent, self.cache = max_concurrent, cache
         self.waiting: dict[Key, None] = {}  # in arrival order: the longest-waiting first
         self._reserved: set[Key] = set()  # paced applies under way, not yet visible in the cache
+        self._failed: dict[Key, str] = {}  # models that failed for want of room → the config hash they failed on
+        self._notes: dict[Key, str] = {}  # models in a slot → why they still hold it (their Ready condition)
 
     def busy(self) -> set[Key]:
-        running = {(d["metadata"].get("namespace", ""), d["metadata"]["name"])
-                   for d in self.cache.all("deployments") if in_slot(d)}
+        running = {_key(d) for d in self.cache.all("deployments")
+                   if in_slot(d) and self._failed.get(_key(d)) != template_hash(d)}
         return running | self._reserved
+
+    def holding(self, key: Key) -> bool:
+        return key in self.busy()
+
+    def report(self, key: Key, deployment: dict[str, Any] | None, degraded: str, note: str) -> bool:
+        """A pass of a model in a slot observed it: a failure for want of room frees the slot; `note` says why it
+        holds it otherwise. True when what the waiting models say changes (they need a pass to say it)."""
+        if deployment is None or not self.holding(key):
+            return self._notes.pop(key, None) is not None
+        if degraded in FREES_SLOT:
+            self._failed[key] = template_hash(deployment) or ""
+            self._notes.pop(key, None)
+            return True
+        changed = self._notes.get(key) != note
+        self._notes[key] = note
+        return changed
+
+    def wait_note(self) -> str:
+        """What a waiting model says: which models hold the slots, and why."""
+        held = sorted(self.busy())
+        if not held:
+            return "waiting for a rollout slot: one is free, and the longest-waiting model takes it next"
+        why = "; ".join(f"{ns}/{name} holds one ({self._notes.get((ns, name), 'its rollout has not progressed')})"
+                        for ns, name in held)
+        return f"waiting for one of {self.max_concurrent} rollout slots (SCOREKEEPER_MAX_CONCURRENT_UPGRADES): {why}"
 
     def decide(self, key: Key, generation: int, live: dict[str, Any] | None, config_hash: str) -> Decision:
         """Synchronous, so that two passes cannot both take the last slot (no await between count and claim)."""
@@ -108,6 +148,8 @@ class Pacer:
     def forget(self, key: Key) -> None:
         self.waiting.pop(key, None)
         self._reserved.discard(key)
+        self._failed.pop(key, None)
+        self._notes.pop(key, None)
 
     def next_up(self) -> list[Key]:
         """The waiting models that may take the free slots now, longest-waiting first."""

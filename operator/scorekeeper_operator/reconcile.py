@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,31 +18,34 @@ from scorekeeper_operator import metrics
 from scorekeeper_operator.cache import WatchCache
 from scorekeeper_operator.children import REFUSALS, Children, Converged
 from scorekeeper_operator.hub import HubUnavailable, Unresolvable, resolve_revision
-from scorekeeper_operator.k8s import CHILD_KINDS, DISCOVERY_TTL_SECONDS, EVENTS, SCORING_MODELS, KubeApi, RejectedError
+from scorekeeper_operator.k8s import (
+    CHILD_KINDS,
+    DISCOVERY_TTL_SECONDS,
+    EVENTS,
+    SCORING_MODELS,
+    KubeApi,
+    RejectedError,
+)
 from scorekeeper_operator.pacing import Pacer, template_hash
 from scorekeeper_operator.render.manifests import (
-    API_VERSION,
-    KIND,
-    MANAGED_BY,
     Rendered,
     autoscaler_name,
     desired_replicas,
     endpoint,
+    event_about,
     render,
     selector_string,
 )
 from scorekeeper_operator.schedule import Key, Scheduler
 from scorekeeper_operator.spec.model import AutoscalerProvider, InvalidSpec, ScoringModel
 from scorekeeper_operator.spec.settings import OperatorSettings
-from scorekeeper_operator.status.compute import Assessment, ConfigError, Desired, Observed, compute_status
-from scorekeeper_operator.status.pods import needs_events
+from scorekeeper_operator.status.compute import Assessment, ConfigError, Desired, compute_status
 
 logger = logging.getLogger(__name__)
 # What can heal without a spec edit (the foreign object is deleted, a quota raised, a policy changed, the Hub answers
 # again): looked at again with backoff.
 HEALABLE = frozenset({"ChildConflict", "HubUnavailable", *REFUSALS})
 KEDA_UNAVAILABLE = "KedaUnavailable"  # healed by installing KEDA: looked at again once discovery may have changed
-EVENT_PODS_PER_PASS = 5  # Events are read per pod (by uid), for at most this many pods that are not ready
 
 
 @dataclass
@@ -64,7 +67,23 @@ def utc_now() -> datetime:
 def _scaling_and_startup(model: ScoringModel) -> dict[str, Any]:
     scaling = model.spec.autoscaling
     return {"min_replicas": scaling.min_replicas if scaling.enabled else None,
-            "startup_seconds": model.spec.rollout.max_startup_seconds}
+            "startup_seconds": model.spec.rollout.max_startup_seconds,
+            "scheduling_deadline": float(model.spec.rollout.scheduling_deadline_seconds)}
+
+
+def _condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == kind), {})
+
+
+def _degraded(status: dict[str, Any]) -> str:
+    found = _condition(status, "Degraded")
+    return str(found.get("reason", "")) if found.get("status") == "True" else ""
+
+
+def _ready_note(status: dict[str, Any]) -> str:
+    """Why a model in a rollout slot still holds it, for the models that wait: its Ready condition."""
+    ready = _condition(status, "Ready")
+    return f"{ready.get('reason')}: {ready.get('message')}"
 
 
 def running(deployment: dict[str, Any], rendered: Rendered) -> Rendered:
@@ -82,12 +101,19 @@ class Reconciler:
         self.pacer = Pacer(settings.max_concurrent_upgrades, self.cache)
         self._fresh_until: dict[Key, float] = {}  # until when a model's passes may read the cache
         self._fresh_wanted: set[Key] = set()
+        self._rendered: dict[Key, tuple[int, float]] = {}  # the last generation rendered, and when it was first
 
     async def reconcile(self, namespace: str, name: str) -> ConfigError | None:
-        """A pass now, reading everything fresh (for the kopf handlers: create, a spec change, resume). Returns the
-        configuration error written to status, if any."""
+        """A pass now, reading everything fresh (for the kopf handlers: create, resume). Returns the configuration
+        error written to status, if any."""
         self._fresh_wanted.add((namespace, name))
         return await self.scheduler.run_soon((namespace, name))
+
+    def edited(self, namespace: str, name: str) -> None:
+        """The spec changed (the kopf update handler): a fresh pass now, unless another edit came within the debounce
+        window; then one pass once the edits stop for that long, so a burst is rendered (and rolled out) once."""
+        self._fresh_wanted.add((namespace, name))
+        self.scheduler.edited((namespace, name), self.settings.debounce_seconds)
 
     def trigger(self, namespace: str, name: str) -> None:
         """A pass soon (for watch events on children), coalesced with any already due."""
@@ -124,8 +150,15 @@ class Reconciler:
             self.scheduler.retire(key)
             self.pacer.forget(key)
             self.cache.forget_instance(namespace, name)
+            self._rendered.pop(key, None)
             self._release_waiting()
             logger.debug("pass %s/%s: the ScoringModel is gone", *key, extra={"pass_report": report})
+            return None
+        if self._settling(key, int(body["metadata"].get("generation") or 0)):
+            if fresh:
+                self._fresh_wanted.add(key)
+            logger.debug("pass %s/%s: a spec edit within %.1fs of the last one rendered: held", *key,
+                         self.settings.debounce_seconds)
             return None
         children = Children(self.api, self.cache, self.pacer, namespace, name, fresh)
         model, error = self._parse(body)
@@ -146,17 +179,28 @@ class Reconciler:
         shown = rendered
         if rendered is not None and converged.held is not None:  # waiting: the status shows what runs
             shown = running(converged.held, rendered)
-            pending = {"pending_config_hash": rendered.config_hash,
+            pending = {"pending_config_hash": rendered.config_hash, "slot_wait": self.pacer.wait_note(),
                        "pending_image": rendered.worker_image if rendered.worker_image != shown.worker_image
                        else None}
+        for kind in converged.adopted:
+            if await self._post_event(body, "Normal", "Adopted", f"{kind} {namespace}/{name} carried this model's"
+                                      " labels but named an older ScoringModel of this name as its owner: adopted"):
+                report.wrote.append("event")
         desired = Desired(
             generation=int(body["metadata"].get("generation") or 0), selector=selector_string(name),
             endpoint=endpoint(name, namespace), rendered=shown if error is None else None, config_error=error,
             fixed_replicas=desired_replicas(model) if model is not None else None,
             model_source=model.model_status() if model is not None else (body.get("status") or {}).get("model"),
             **pending, **(_scaling_and_startup(model) if model is not None else {}))  # type: ignore[arg-type]
-        observed = await self._observe(children, autoscaler_name(model) if model is not None else None)
+        observed, refused = await children.observe(autoscaler_name(model) if model is not None else None)
+        if refused is not None and error is None:  # a 403 on a LIST: in status like a refused write, re-checked
+            error = refused
+            desired = replace(desired, config_error=error)
         assessment = compute_status(desired, observed, body.get("status") or {}, self._clock())
+        if model is not None and self.pacer.report(key, observed.deployment, _degraded(assessment.status),
+                                                   _ready_note(assessment.status)):
+            for waiting in self.pacer.waiting:  # what they say about the wave changed
+                self.scheduler.trigger(waiting)
         if await self._write_status(body, assessment.status):
             report.wrote.append("status")
             if error is not None and await self._announce(body, error):
@@ -168,6 +212,19 @@ class Reconciler:
         logger.debug("pass %s/%s: wrote %s; next pass in %.1fs", *key, ", ".join(report.wrote) or "nothing",
                      report.next_pass_in, extra={"pass_report": report})
         return error
+
+    def _settling(self, key: Key, generation: int) -> bool:
+        """Debounce on the pass's side: a generation newer than the last one rendered, which was rendered less than
+        the window ago, waits until the edits stop (kopf may not have delivered the edit yet: a pass for a child
+        event must not render it either). Otherwise the generation counts as rendered from now on."""
+        window, now = self.settings.debounce_seconds, time.monotonic()
+        last = self._rendered.get(key)
+        if last is not None and last[0] != generation and now - last[1] < window:
+            self.scheduler.edited(key, window, settling=True)
+            return True
+        if last is None or last[0] != generation:
+            self._rendered[key] = (generation, now)
+        return False
 
     def _parse(self, body: dict[str, Any]) -> tuple[ScoringModel | None, ConfigError | None]:
         try:
@@ -218,18 +275,6 @@ class Reconciler:
         return False, ConfigError(KEDA_UNAVAILABLE, "autoscaling.provider is KEDA, but keda.sh/v1alpha1 ScaledObjects"
                                   " are not served; install KEDA (checked again every minute)")
 
-    async def _observe(self, children: Children, autoscaler: str | None) -> Observed:
-        """`autoscaler`: the name of the HPA that sets the replica count (ours, or KEDA's); None: no autoscaling.
-        The Deployment, the pods and the HPA come from the cache; only the Events of pods on their way are listed."""
-        deployment = await children.get("Deployment")
-        pods = await children.pods()
-        events: dict[str, list[dict[str, Any]]] = {}
-        for pod in [p for p in pods if needs_events(p)][:EVENT_PODS_PER_PASS]:
-            about = f"involvedObject.uid={pod['metadata']['uid']}"
-            events[pod["metadata"]["name"]] = await self.api.list(EVENTS, children.namespace, field_selector=about)
-        hpa = None if autoscaler is None else await children.get("HorizontalPodAutoscaler", autoscaler)
-        return Observed(deployment, pods, events, hpa)
-
     def _schedule_next(self, key: Key, error: ConfigError | None, assessment: Assessment, report: PassReport) -> None:
         """The next timed pass: the earliest of the resync, a re-check of what heals without an event (a conflict,
         a refusal, the Hub answering again, KEDA getting installed), a deadline, Event polling. A model waiting for a
@@ -271,24 +316,18 @@ class Reconciler:
     async def _announce(self, body: dict[str, Any], error: ConfigError) -> bool:
         """A Warning Event when a configuration error appears or changes (`kubectl describe` and event exporters show
         it), posted by the pass that wrote it to status: every path, kopf handler or retry, says so at once."""
-        before = next((c for c in (body.get("status") or {}).get("conditions") or []
-                       if c.get("type") == "ConfigValid"), {})
+        before = _condition(body.get("status") or {}, "ConfigValid")
         if (before.get("status"), before.get("reason"), before.get("message")) == ("False", error.reason,
                                                                                   error.message):
             return False
-        meta, now = body["metadata"], self._clock().strftime("%Y-%m-%dT%H:%M:%SZ")
-        event = {"apiVersion": "v1", "kind": "Event",
-                 "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-                 "involvedObject": {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"],
-                                    "namespace": meta["namespace"], "uid": meta.get("uid"),
-                                    "resourceVersion": meta.get("resourceVersion")},
-                 "type": "Warning", "reason": error.reason, "message": error.message[:1024],
-                 "source": {"component": MANAGED_BY}, "reportingComponent": MANAGED_BY,
-                 "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+        return await self._post_event(body, "Warning", error.reason, error.message)
+
+    async def _post_event(self, body: dict[str, Any], kind: str, reason: str, message: str) -> bool:
+        meta = body["metadata"]
         try:
-            await self.api.create(EVENTS, meta["namespace"], event)
-        except Exception as failure:  # the condition is written; an Event we cannot post is not worth a retry
-            logger.warning("could not post the %s Event of %s/%s: %s", error.reason, meta["namespace"], meta["name"],
+            await self.api.create(EVENTS, meta["namespace"], event_about(meta, kind, reason, message, self._clock()))
+        except Exception as failure:  # the status is written; an Event we cannot post is not worth a retry
+            logger.warning("could not post the %s Event of %s/%s: %s", reason, meta["namespace"], meta["name"],
                            failure)
             return False
         return True

@@ -24,6 +24,8 @@ logger = logging.getLogger(__name__)
 Key = tuple[str, str]  # (namespace, name)
 Streak = Literal["errors", "blocked"]
 T = TypeVar("T")
+# Under edits that never stop, the debounce still lets one pass through every this many windows.
+DEBOUNCE_LIMIT = 5
 
 
 class Forgotten(Exception):
@@ -37,6 +39,9 @@ class _Entry(Generic[T]):
     soon: bool = False  # run the next pass now, unless backing off after errors
     due: float | None = None  # loop time of the next timed pass
     retired: bool = False  # the last pass found the model gone: stop, unless someone asked for a pass since
+    last_edit: float | None = None  # loop time of the last spec edit (debounce)
+    burst_start: float = 0.0  # loop time of the first edit of the current burst
+    hold_until: float | None = None  # a burst of edits is settling: no pass before this loop time
     streaks: dict[str, int] = field(default_factory=lambda: {"errors": 0, "blocked": 0})
     waiters: list[asyncio.Future[T]] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
@@ -72,6 +77,20 @@ class Scheduler(Generic[T]):
         entry.waiters.append(waiter)
         self.trigger(key, urgent=True)
         return await waiter
+
+    def edited(self, key: Key, window: float, *, settling: bool = False) -> None:
+        """A spec edit: a pass now if none came within `window` (the leading edge), else one pass once the edits
+        have stopped for `window` (the trailing edge); passes for other reasons wait for it too. A burst is rendered
+        at most twice, however many edits it has (and once more per DEBOUNCE_LIMIT windows if it never ends).
+        `settling`: a pass met an edit within the window of the last one it rendered (before kopf delivered it)."""
+        entry, now = self._entry(key), asyncio.get_running_loop().time()
+        quiet = not settling and (entry.last_edit is None or now - entry.last_edit >= window)
+        if quiet or now - entry.burst_start >= DEBOUNCE_LIMIT * window:
+            entry.burst_start, entry.hold_until = now, None
+        else:
+            entry.hold_until = now + window
+        entry.last_edit = now
+        self.trigger(key, urgent=True)
 
     def after(self, key: Key, seconds: float) -> None:
         """A pass no later than `seconds` from now."""
@@ -118,10 +137,12 @@ class Scheduler(Generic[T]):
         loop = asyncio.get_running_loop()
         while True:
             entry.poke.clear()
-            if entry.urgent or (entry.soon and not entry.streaks["errors"]) \
-                    or (entry.due is not None and loop.time() >= entry.due):
+            held = entry.hold_until is not None and loop.time() < entry.hold_until
+            if not held and (entry.urgent or (entry.soon and not entry.streaks["errors"])
+                             or (entry.due is not None and loop.time() >= entry.due)):
                 return
-            timeout = None if entry.due is None else entry.due - loop.time()
+            wake = [t for t in (entry.due, entry.hold_until if held else None) if t is not None]
+            timeout = max(0.0, min(wake) - loop.time()) if wake else None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(entry.poke.wait(), timeout)
 
@@ -129,7 +150,7 @@ class Scheduler(Generic[T]):
         while self._entries.get(key) is entry:
             await self._wait(entry)
             entry.urgent = entry.soon = False
-            entry.due = None
+            entry.due = entry.hold_until = None
             waiters, entry.waiters = entry.waiters, []
             try:
                 outcome = await self._run_pass(key)

@@ -141,3 +141,22 @@ async def test_a_pass_that_finds_the_model_gone_retires_the_worker_unless_asked_
     passes.gate.set()
     await turns()
     assert passes.count == 2 and scheduler.keys == frozenset()  # the second pass found it gone too, and retired
+
+
+async def test_a_burst_of_edits_runs_one_pass_at_once_and_holds_the_rest_until_the_edits_stop() -> None:
+    """Issue 36: the first edit after a quiet window runs at once; the next ones (and passes for other reasons)
+    wait until the edits stop for the window, so a burst is rendered at most twice."""
+    passes = Passes()
+    scheduler = Scheduler(passes, lambda n: 1000.0)
+    scheduler.edited(KEY, 1000.0)
+    await turns()
+    assert passes.count == 1  # the leading edge
+    for _ in range(19):
+        scheduler.edited(KEY, 1000.0)
+        scheduler.trigger(KEY)  # a child event meanwhile
+        await turns()
+    assert passes.count == 1  # held: the trailing pass comes once the edits stop for the window
+    scheduler.edited(KEY, 0.0)  # the window ends (a zero window: the next edit is quiet at once)
+    await turns()
+    assert passes.count == 2
+    await scheduler.close()

@@ -179,9 +179,10 @@ def test_config_error_keeps_reporting_what_still_runs() -> None:
     previous = assess(desired(r), Observed(rolled(r.config_hash, 2, 2), [])).status
     error = ConfigError("InvalidSpec", "spec.extraArgs: bad")
     status = assess(desired(None, error=error), Observed(rolled(r.config_hash, 2, 2), []), previous, LATER).status
-    assert status["phase"] == "Failed"
+    assert status["phase"] == "Degraded"  # issue 36: never Failed while the pods serve
     assert conditions(status)["ConfigValid"] == ("False", "InvalidSpec")
-    assert conditions(status)["Ready"] == ("False", "InvalidSpec")
+    assert conditions(status)["Ready"] == ("True", "AllReplicasReady")  # Ready follows Available
+    assert "last applied configuration" in next(c["message"] for c in status["conditions"] if c["type"] == "Ready")
     assert conditions(status)["Available"] == ("True", "MinimumReplicasAvailable")
     assert status["workerArgs"] == previous["workerArgs"] and "configHash" not in status
 

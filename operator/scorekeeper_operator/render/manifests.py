@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from scorekeeper_operator.render import children as render_children
@@ -64,6 +65,19 @@ def owner_reference(model: ScoringModel) -> dict[str, Any]:
             "controller": True, "blockOwnerDeletion": True}
 
 
+def event_about(meta: dict[str, Any], kind: str, reason: str, message: str, now: datetime) -> dict[str, Any]:
+    """An Event about the ScoringModel with this metadata (`kind`: Normal or Warning)."""
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta.get("uid"),
+                               "resourceVersion": meta.get("resourceVersion")},
+            "type": kind, "reason": reason, "message": message[:1024],
+            "source": {"component": MANAGED_BY}, "reportingComponent": MANAGED_BY,
+            "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1}
+
+
 def desired_replicas(model: ScoringModel) -> int | None:
     """None when an autoscaler owns the replica count (then the Deployment is applied without spec.replicas)."""
     return None if model.spec.autoscaling.enabled else model.spec.replicas
@@ -100,8 +114,10 @@ def deployment(model: ScoringModel, meta: dict[str, Any], template: dict[str, An
         "selector": {"matchLabels": selector_labels(model.name)},
         "strategy": _strategy(model),
         "revisionHistoryLimit": 3,
-        # Beyond the startup budget, so a slow but healthy model load is not reported as a stuck rollout.
-        "progressDeadlineSeconds": model.spec.rollout.max_startup_seconds + 600,
+        # Beyond the scheduling and startup budgets, so a slow but healthy placement and model load is not reported
+        # as a stuck rollout.
+        "progressDeadlineSeconds": model.spec.rollout.max_startup_seconds
+        + model.spec.rollout.scheduling_deadline_seconds,
         "template": template,
     }
     replicas = desired_replicas(model)

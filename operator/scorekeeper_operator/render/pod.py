@@ -164,6 +164,18 @@ def _scheduling(model: ScoringModel, selector: dict[str, str]) -> dict[str, Any]
     return {key: value for key, value in fields.items() if value}
 
 
+def shm_size(model: ScoringModel) -> str:
+    """`resources.shmSize`, else 1Gi on CPU and, on a GPU, room for the host-side staging of one batch:
+    `scoring.maxBatchTokens` x 128 KiB (8192 tokens: 1Gi), at least 1Gi."""
+    spec = model.spec
+    if spec.resources.shm_size is not None:
+        return spec.resources.shm_size
+    if not spec.uses_gpu:
+        return pod_layout.SHM_SIZE_LIMIT
+    mib = max(1024, spec.scoring.max_batch_tokens * pod_layout.SHM_BYTES_PER_BATCH_TOKEN // 2**20)
+    return f"{mib // 1024}Gi" if mib % 1024 == 0 else f"{mib}Mi"
+
+
 def pod_template(model: ScoringModel, settings: OperatorSettings, labels: dict[str, str],
                  selector: dict[str, str], image: str) -> dict[str, Any]:
     """The pod template; render/manifests.py adds the config-hash annotation after hashing this."""
@@ -179,7 +191,7 @@ def pod_template(model: ScoringModel, settings: OperatorSettings, labels: dict[s
         "containers": [_worker_container(model, image, model_mounts, user)],
         "volumes": [
             {"name": "config", "configMap": {"name": model.name}},
-            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": pod_layout.SHM_SIZE_LIMIT}},
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(model)}},
             {"name": "tmp", "emptyDir": {"sizeLimit": pod_layout.TMP_SIZE_LIMIT}},
             {"name": "cache", "emptyDir": {"sizeLimit": pod_layout.CACHE_SIZE_LIMIT}},
             *volumes,

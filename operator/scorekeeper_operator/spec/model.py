@@ -220,11 +220,12 @@ class Resources(Spec):
     gpu: Gpu = Gpu()
     cpu: str | None = Field(None, pattern=QUANTITY_PATTERN)
     memory: str | None = Field(None, pattern=QUANTITY_PATTERN)
+    shm_size: str | None = Field(None, pattern=QUANTITY_PATTERN)  # None: derived (render/pod.py: shm_size)
 
     @model_validator(mode="before")
     @classmethod
     def _quantities_as_strings(cls, data: Any) -> Any:
-        return quantities_as_strings(data, ("cpu", "memory"))
+        return quantities_as_strings(data, ("cpu", "memory", "shmSize"))
 
 
 class AutoscalerProvider(StrEnum):
@@ -257,6 +258,8 @@ class Autoscaling(Spec):
 class Rollout(Spec):
     strategy: RolloutStrategy | None = None  # None: resolved from GPU count and replicas
     max_startup_seconds: int = Field(1800, ge=30, le=86400)
+    # An unplaceable pod (no node fits, none on its way) is a wait this long, then the model is Degraded.
+    scheduling_deadline_seconds: int = Field(600, ge=30, le=86400)
     drain_seconds: int = Field(30, ge=0, le=3600)
     # preStop pause before SIGTERM: endpoints, kube-proxy and load balancers stop sending to the pod meanwhile.
     pre_stop_seconds: int = Field(5, ge=0, le=300)

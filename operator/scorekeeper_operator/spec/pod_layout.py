@@ -19,7 +19,8 @@ SHM_DIR = "/dev/shm"
 
 TMP_SIZE_LIMIT = "1Gi"
 CACHE_SIZE_LIMIT = "4Gi"  # Triton and TorchInductor kernels, CUDA's PTX JIT cache: tens to hundreds of MiB
-SHM_SIZE_LIMIT = "1Gi"
+SHM_SIZE_LIMIT = "1Gi"  # without a GPU, and the least with one
+SHM_BYTES_PER_BATCH_TOKEN = 128 * 1024  # with a GPU: /dev/shm grows with scoring.maxBatchTokens (8192 → 1Gi)
 
 # Environment of the worker container (besides what spec.pod.env adds): caches into CACHE_DIR, no downloads.
 WORKER_ENV: dict[str, str] = {

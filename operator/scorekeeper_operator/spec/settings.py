@@ -38,6 +38,8 @@ class OperatorSettings(BaseModel):
     resync_seconds: float = Field(600.0, gt=0)
     # While a pod is on its way (scheduling, mounting, loading), its Events are read again this often.
     poll_seconds: float = Field(30.0, gt=0)
+    # Spec edits within this window of each other are rendered once (the first at once, the rest when they stop).
+    debounce_seconds: float = Field(2.0, ge=0, le=60)
 
     def retry_delay(self, attempt: int) -> float:
         return float(min(self.retry_max_seconds, self.retry_base_seconds * 2 ** min(attempt, 20)))
@@ -60,6 +62,8 @@ class OperatorSettings(BaseModel):
             values["resync_seconds"] = float(resync)
         if poll := env.get("SCOREKEEPER_POLL_SECONDS"):
             values["poll_seconds"] = float(poll)
+        if debounce := env.get("SCOREKEEPER_DEBOUNCE_SECONDS"):
+            values["debounce_seconds"] = float(debounce)
         if allow := env.get("SCOREKEEPER_ALLOW_HF_DOWNLOAD"):
             values["allow_hf_download"] = allow.strip().lower() in {"1", "true", "yes"}
         if endpoint := env.get("SCOREKEEPER_HF_ENDPOINT"):

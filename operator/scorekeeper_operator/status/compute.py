@@ -3,9 +3,13 @@
 Modelled on the Deployment controller's conditions, so that status does not flap during normal operation:
 - Available: at least the guaranteed replicas minus the disruption the PDB allows serve (any revision). Guaranteed
   is `replicas`, or with autoscaling `minReplicas`: pods the HPA adds are capacity on its way, not missing.
-- Ready: follows Available (pods of an older revision that still serve count), except while the spec cannot be
-  served (ConfigValid=False). So an HPA scale-up, one pod restarting, a node being added or a rollout leaves Ready
-  alone; whether the rollout is done is Progressing's business.
+- Ready: follows Available (pods of an older revision that still serve count), always: a spec the operator cannot
+  serve or a child it cannot apply is ConfigValid's and ChildrenReady's business, and so are an HPA scale-up, one pod
+  restarting, a node being added or a rollout (Progressing's). While nothing serves, Ready says why at once: a pod
+  the scheduler cannot place (its reason: no free GPU, a taint, a quota) or a node on its way (Karpenter, the
+  cluster-autoscaler) is named in the first pass that sees it.
+- ChildrenReady: False while the API refuses a child or another object holds its name (optional ones too).
+- UpgradePending: only while the model waits for a rollout slot: which models hold the slots, and why.
 - Progressing: a rollout or pods starting (scale-up, restart); False when complete or past the progress deadline.
 - Degraded: a pod fails now in a way that needs a human (pods.SEVERITY), with a specific reason and message; history
   (an eviction long ago, one restart of a pod that served) is lastFailure, not Degraded.
@@ -23,10 +27,15 @@ from scorekeeper_operator.status.autoscaler import autoscaling_condition
 from scorekeeper_operator.status.events import pod_events
 from scorekeeper_operator.status.pods import PodFailure, PodState, last_failure, pod_state
 
-CONDITION_TYPES = ("Ready", "Available", "Progressing", "ConfigValid", "ModelLoaded", "Degraded", "Autoscaling")
+CONDITION_TYPES = ("Ready", "Available", "Progressing", "ConfigValid", "ChildrenReady", "ModelLoaded", "Degraded",
+                   "Autoscaling", "UpgradePending")
 # An unschedulable pod is a wait (a node may be on its way) for this long, then a failure; at once when the
-# cluster-autoscaler says it cannot add a node. The Deployment's progress deadline includes the same 600 s.
+# cluster-autoscaler says it cannot add a node. The default of spec.rollout.schedulingDeadlineSeconds; the
+# Deployment's progress deadline includes it.
 SCHEDULING_DEADLINE_SECONDS = 600.0
+# ConfigErrors about a child (a refusal of the API, another object under its name), not about the spec.
+CHILD_REASONS = frozenset({"ChildConflict", "Rejected", "QuotaExceeded", "AdmissionWebhookDenied", "Forbidden"})
+SCHEDULING_WAITS = ("Scheduling", "NodeProvisioning")
 Condition = tuple[bool | None, str, str]  # (True/False/None=Unknown, reason, message)
 
 
@@ -53,6 +62,8 @@ class Desired:
     # A model waiting for a rollout slot (pacing.py): the configuration it waits to roll out, and its image if another
     pending_config_hash: str | None = None
     pending_image: str | None = None
+    slot_wait: str | None = None  # while pending: which models hold the rollout slots, and why
+    scheduling_deadline: float = SCHEDULING_DEADLINE_SECONDS
 
 
 @dataclass(frozen=True)
@@ -110,11 +121,19 @@ def _summary(states: list[PodState]) -> str:
 
 
 def _phase(error: ConfigError | None, worst: PodFailure | None, ready: bool, exists: bool) -> str:
-    if error is not None:
+    if error is not None and not ready:
         return "Failed"
-    if worst is not None:
+    if worst is not None or error is not None:  # serving, but not as asked
         return "Degraded"
     return "Ready" if ready else "Progressing" if exists else "Pending"
+
+
+def _children_ready(error: ConfigError | None) -> Condition:
+    if error is None:
+        return True, "Applied", "every child is applied as rendered"
+    if error.reason in CHILD_REASONS:
+        return False, error.reason, error.message
+    return None, "NotApplied", f"nothing new is applied until the spec can be served ({error.reason})"
 
 
 def compute_status(desired: Desired, observed: Observed, previous: dict[str, Any], now: datetime) -> Assessment:
@@ -138,7 +157,7 @@ def compute_status(desired: Desired, observed: Observed, previous: dict[str, Any
 
     states = [pod_state(p, pod_events(observed.events.get(p["metadata"]["name"], [])), CONFIG_HASH_ANNOTATION,
                         now=now, startup_seconds=desired.startup_seconds,
-                        scheduling_deadline=SCHEDULING_DEADLINE_SECONDS)
+                        scheduling_deadline=desired.scheduling_deadline)
               for p in observed.pods if not p["metadata"].get("deletionTimestamp")]
     # A pod the kubelet evicted or refused stays behind as phase Failed (for days); its replacement is another pod.
     # It matters while capacity is short and a replacement may still be on its way, then it is history (lastFailure).
@@ -153,24 +172,38 @@ def compute_status(desired: Desired, observed: Observed, previous: dict[str, Any
 
     error = desired.config_error
     counts = f"{ready} of {want} pods ready, at least {needed} needed"
+    unplaced = [s.wait for s in states if s.wait is not None and s.wait.reason in SCHEDULING_WAITS]
+    availability: Condition = (available, "MinimumReplicasAvailable" if available else "MinimumReplicasUnavailable",
+                               counts)
+    if unplaced and not available and want > 0:  # named at once: the scheduler's reason, or the node on its way
+        reason = "PodsUnschedulable" if any(w.reason == "Scheduling" for w in unplaced) else "NodeProvisioning"
+        down = "the model is down: no pod serves" if ready == 0 else f"below its capacity: {counts}"
+        places = "; ".join(f"{w.pod}: {w.message}" for w in unplaced[:3])
+        what = "pods that cannot be placed" if reason == "PodsUnschedulable" else "pods waiting for a node being added"
+        availability = (False, reason, f"{down}; {what}: {places}")
     ready_state: Condition
-    if error is not None:
-        ready_state = (False, error.reason, f"{error.message} (still serving the last applied configuration:"
-                                            f" {ready} ready replicas)")
-    elif dep is None:
-        ready_state = (False, "DeploymentMissing", "the worker Deployment does not exist yet")
+    if dep is None:
+        ready_state = (False, error.reason if error else "DeploymentMissing",
+                       error.message if error else "the worker Deployment does not exist yet")
     elif want == 0:
         ready_state = (False, "ScaledToZero", "replicas is 0: nothing serves requests")
     elif available:  # Ready follows Available: old pods that still serve are capacity; the rollout is Progressing's
         reason = "AllReplicasReady" if ready >= want else "MinimumReplicasAvailable"
         rollout = "on the current configuration" if rolled_out \
             else f"; rolling out: {updated if current else 0} of {want} pods run the current configuration"
+        if error is not None:
+            rollout = f"on the last applied configuration ({error.reason}: see ConfigValid)"
         ready_state = (True, reason, f"{counts} {rollout}".replace(" ;", ";"))
+    elif error is not None:
+        ready_state = (False, error.reason, f"{error.message} (the last applied configuration: {ready} ready"
+                                            " replicas)")
     elif worst is not None:
         ready_state = (False, worst.reason, f"{worst.pod}: {worst.message}")
+    elif unplaced:
+        ready_state = availability
     elif not rolled_out:
         ready_state = (False, "RollingOut", f"{updated if current else 0} of {want} pods run the current"
-                                            " configuration")
+                                            f" configuration; {pods_note}".rstrip("; "))
     else:
         ready_state = (False, "WaitingForReadyReplicas", f"{counts}; {pods_note}".rstrip("; "))
 
@@ -183,18 +216,22 @@ def compute_status(desired: Desired, observed: Observed, previous: dict[str, Any
     elif deadline:
         progressing = (False, "ProgressDeadlineExceeded", _deployment_condition(dep, "Progressing").get("message", ""))
     elif not rolled_out:
-        progressing = (True, "RollingOut", f"{updated} of {want} pods updated, {total} in total")
+        progressing = (True, "RollingOut", f"{updated} of {want} pods updated, {total} in total; {pods_note}"
+                       .rstrip("; "))
     elif ready < want:
         progressing = (True, "PodsStarting", f"{ready} of {want} pods ready; {pods_note}".rstrip("; "))
+    elif desired.pending_config_hash:
+        progressing = (False, "WaitingForRolloutSlot", desired.slot_wait or "waiting for a rollout slot")
     else:
         progressing = (False, "RolloutComplete", f"{ready} of {want} pods ready on the current configuration")
 
     load_failed = next((f for f in failures if f.reason == "ModelLoadFailed"), None)
     values: dict[str, Condition] = {
         "Ready": ready_state,
-        "Available": (available, "MinimumReplicasAvailable" if available else "MinimumReplicasUnavailable", counts),
+        "Available": availability,
         "Progressing": progressing,
         "ConfigValid": (error is None, error.reason if error else "Valid", error.message if error else "spec accepted"),
+        "ChildrenReady": _children_ready(error),
         "ModelLoaded": (bool(loaded), "WorkerReady" if loaded else "ModelLoadFailed" if load_failed else
                         "Loading" if states else "NoPods",
                         load_failed.message if load_failed and not loaded else
@@ -204,6 +241,8 @@ def compute_status(desired: Desired, observed: Observed, previous: dict[str, Any
     }
     if desired.min_replicas is not None:
         values["Autoscaling"] = autoscaling_condition(observed.autoscaler)
+    if desired.pending_config_hash:
+        values["UpgradePending"] = (True, "WaitingForRolloutSlot", desired.slot_wait or "waiting for a rollout slot")
 
     status: dict[str, Any] = {
         "observedGeneration": desired.generation,

@@ -3,7 +3,7 @@
 Volume mount and attach failures (kubelet's FailedMount, the attach-detach controller's FailedAttachVolume with its
 "Multi-Attach error", e.g. a ReadWriteOnce claim shared by two replicas on different nodes), a startup probe that
 ran out (kubelet's Killing), and whether the cluster-autoscaler is adding a node for an unschedulable pod
-(TriggeredScaleUp) or cannot (NotTriggerScaleUp, FailedScaleUp).
+(TriggeredScaleUp; Karpenter's Nominated) or cannot (NotTriggerScaleUp, FailedScaleUp).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 _VOLUME_REASONS = frozenset({"FailedMount", "FailedAttachVolume"})
-_SCALE_UP = frozenset({"TriggeredScaleUp"})
+# The cluster-autoscaler's TriggeredScaleUp; Karpenter's Nominated (the pod will go to a NodeClaim being launched).
+_SCALE_UP = frozenset({"TriggeredScaleUp", "Nominated"})
 _NO_SCALE_UP = frozenset({"NotTriggerScaleUp", "FailedScaleUp"})
 
 

@@ -12,13 +12,14 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from scorekeeper_operator.render.download import DOWNLOAD_CONTAINER
 from scorekeeper_operator.status.events import PodEvents
 
 WORKER_CONTAINER = "worker"
 EXIT_MODEL_UNSERVABLE = 3  # 2 is a command-line error (argparse), 1 an unexpected crash
 # Most severe first: the Degraded reason is the most severe failure found on any pod.
-SEVERITY = ("ModelLoadFailed", "InvalidWorkerConfig", "WorkerCrashed", "OOMKilled", "StartupProbeTimeout",
-            "CrashLoopBackOff", "ImagePullBackOff",
+SEVERITY = ("ModelLoadFailed", "ModelDownloadFailed", "InvalidWorkerConfig", "WorkerCrashed", "OOMKilled",
+            "StartupProbeTimeout", "CrashLoopBackOff", "ImagePullBackOff",
             "ErrImagePull", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError",
             "RunContainerError", "MultiAttach", "FailedAttachVolume", "FailedMount", "UnexpectedAdmissionError",
             "Evicted", "PodFailed", "Unschedulable", "ProgressDeadlineExceeded")
@@ -141,6 +142,11 @@ def _container_failure(pod: dict[str, Any], status: dict[str, Any], events: PodE
         # The worker gave up by itself (api/termination.py: exit 3 when the model cannot be served); a kill is >= 128
         if name == WORKER_CONTAINER and exit_code < 128:
             return _exit_failure(run, podname, str(name))
+        if name == DOWNLOAD_CONTAINER and exit_code < 128:  # its termination message names the cause
+            said = run.get("message") or "see its log"
+            return PodFailure("ModelDownloadFailed", _trim(f"the model download exited with code {exit_code}"
+                                                           f" (restarts: {restarts}): {said}"), podname, name,
+                              exit_code, finished)
         if name == WORKER_CONTAINER and (events.startup_probe_kill or _run_seconds(run) >= startup_seconds):
             return PodFailure("StartupProbeTimeout", f"model load and warm-up took longer than"
                               f" rollout.maxStartupSeconds ({startup_seconds}s) and kubelet restarted the worker"
