@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 
-from scorekeeper_worker.engine.runner import executor, heads
+from scorekeeper_worker.engine.runner import heads
 from scorekeeper_worker.engine.runner.device_copy import CopyStats, host_vectors
 from scorekeeper_worker.model.loader import ModelKind, ScoringModel
 
@@ -25,18 +25,6 @@ class JobResult:
     prompt_tokens: int
     multi_item: bool
     queue_seconds: float
-
-
-class Job(executor.Job, Protocol):
-    """What the scheduler needs of a request's job: a ScoreJob, or a DecisionJob (engine/queue/decision_job.py)."""
-
-    remaining: int  # pooled rows not yet absorbed (set by the scheduler when the job is submitted)
-    enqueued_at: float
-    started_at: float | None
-
-    def finish(self) -> None: ...
-
-    def fail(self, error: BaseException) -> None: ...
 
 
 @dataclass(kw_only=True)
@@ -67,6 +55,9 @@ class Pending(Generic[R]):
 
     def fail(self, error: BaseException) -> None:
         self.loop.call_soon_threadsafe(set_exception, self.future, error)
+
+
+Job = Pending[Any]  # what the scheduler holds: a ScoreJob, or a DecisionJob (engine/queue/decision_job.py)
 
 
 @dataclass(kw_only=True)
