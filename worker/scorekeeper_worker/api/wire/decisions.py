@@ -149,44 +149,43 @@ class AssistantMessage(BaseModel):
 Status = Literal["in_progress", "completed", "incomplete"]
 
 
-class FunctionCall(BaseModel):
+class _ToolCall(BaseModel):
+    """What a function call and a custom tool call share (in the input as the model's earlier turns)."""
+
     model_config = STRICT
+    call_id: Text
+    name: Text
+    id: Text | None = None
+    namespace: Text | None = None
+    status: Status | None = None
+
+
+class FunctionCall(_ToolCall):
     type: Literal["function_call"]
-    call_id: Text
-    name: Text
     arguments: Text
-    id: Text | None = None
-    namespace: Text | None = None
-    status: Status | None = None
 
 
-class FunctionCallOutput(BaseModel):
-    model_config = STRICT
-    type: Literal["function_call_output"]
-    call_id: Text
-    output: text_or_list(ToolOutputPart, "input_text or input_image parts")
-    id: Text | None = None
-    status: Status | None = None
-
-
-class CustomToolCall(BaseModel):
-    model_config = STRICT
+class CustomToolCall(_ToolCall):
     type: Literal["custom_tool_call"]
-    call_id: Text
-    name: Text
     input: Text
-    id: Text | None = None
-    namespace: Text | None = None
-    status: Status | None = None
 
 
-class CustomToolCallOutput(BaseModel):
+class _ToolOutput(BaseModel):
+    """What a function's and a custom tool's output share."""
+
     model_config = STRICT
-    type: Literal["custom_tool_call_output"]
     call_id: Text
     output: text_or_list(ToolOutputPart, "input_text or input_image parts")
     id: Text | None = None
     status: Status | None = None
+
+
+class FunctionCallOutput(_ToolOutput):
+    type: Literal["function_call_output"]
+
+
+class CustomToolCallOutput(_ToolOutput):
+    type: Literal["custom_tool_call_output"]
 
 
 def _item_kind(value: Any) -> str | None:
