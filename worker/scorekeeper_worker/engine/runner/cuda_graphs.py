@@ -14,6 +14,10 @@ turns graphs off under MIS).
 Without CUDA the same buffers, padding and bucket choice run eagerly ("padded" path), which is how the CPU tests
 prove padded batches give the scores of unpadded ones. A failed capture (or a captured graph that disagrees with
 eager on a probe batch) leaves its bucket to the eager path, with a log line and a metric.
+
+With a `CompiledTrunk` (`--compile`), each bucket's layers are compiled for its static shapes during the warm-up
+passes and the capture records the compiled kernels; a bucket whose compile or compiled capture fails is captured
+again with the plain layers (the compiler logs and counts it), and only if that fails too does it run eager.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from scorekeeper_worker.engine.runner.compiled_trunk import CompiledTrunk, compile_mode
 from scorekeeper_worker.engine.runner.forward import pooled_rows
 from scorekeeper_worker.engine.runner.packing import ForwardInputs, GraphShape, PackUnit, Pool, build_inputs, fits
 from scorekeeper_worker.model.kernels.attention import LayoutKind
@@ -90,7 +95,8 @@ class GraphRunner:
 
     def __init__(self, model: ScoringModel, kind: LayoutKind, buckets: Sequence[int], max_tokens: int,
                  max_seqs: int, capture: bool | None = None, pad_token: int = 0,
-                 on_capture_failure: Callable[[], None] | None = None) -> None:
+                 on_capture_failure: Callable[[], None] | None = None,
+                 compiler: CompiledTrunk | None = None) -> None:
         if kind == LayoutKind.BLOCKS:
             raise ValueError("graph buckets need a token layout (dense or flex)")
         self.model = model
@@ -100,6 +106,7 @@ class GraphRunner:
         self.capture_enabled = (model.device.type == "cuda" and torch.cuda.is_available()) if capture is None \
             else capture
         self.on_capture_failure = on_capture_failure
+        self.compiler = compiler
         shapes = [GraphShape(tokens, max_seqs, model.uses_token_types, pad_token)
                   for tokens in sorted(set(buckets)) if tokens <= max_tokens]
         # Inference tensors, like every eager batch: compiled kernels (flex) guard on the tensors' dispatch keys, so
@@ -126,7 +133,13 @@ class GraphRunner:
             bucket.graph.replay()
             assert bucket.output is not None
             return bucket.output
-        return pooled_rows(self.model, bucket.static)
+        return self._pass(bucket)
+
+    def _pass(self, bucket: Bucket) -> torch.Tensor:
+        """One forward on the bucket's buffers, with the bucket's compiled layers when there are any."""
+        if self.compiler is None:
+            return pooled_rows(self.model, bucket.static)
+        return self.compiler.run(_key(bucket), True, lambda: pooled_rows(self.model, bucket.static))
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -141,8 +154,16 @@ class GraphRunner:
         for bucket in reversed(self.buckets):
             try:
                 pool = pool or torch.cuda.graph_pool_handle()
-                self._capture(bucket, pool)
-                self._check(bucket)
+                try:
+                    self._capture(bucket, pool)
+                    self._check(bucket)
+                except Exception as error:
+                    if self.compiler is None or self.compiler.mode_for(_key(bucket), True) is None:
+                        raise
+                    self.compiler.disable(_key(bucket), error)  # log line, counter; then the plain layers
+                    bucket.graph, bucket.output, pool = None, None, torch.cuda.graph_pool_handle()
+                    self._capture(bucket, pool)
+                    self._check(bucket)
             except Exception as error:  # one bad bucket must never stop the worker: it runs eager
                 bucket.graph, bucket.output, bucket.disabled = None, None, True
                 # A pool lives as long as a graph holds it, and a failed capture can leave it inconsistent: the next
@@ -159,12 +180,13 @@ class GraphRunner:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for _ in range(WARMUP_RUNS):
-                pooled_rows(self.model, bucket.static)
+            for _ in range(WARMUP_RUNS):  # the first one compiles the bucket's layers (with a compiler)
+                self._pass(bucket)
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
+        mode = None if self.compiler is None else self.compiler.mode_for(_key(bucket), True)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        with torch.cuda.graph(graph, pool=pool), compile_mode(mode):
             output = pooled_rows(self.model, bucket.static)
         torch.cuda.synchronize()
         bucket.graph, bucket.output = graph, output
@@ -181,3 +203,7 @@ class GraphRunner:
         error = (replayed - expected).abs().max().item()
         if not error <= tolerance:
             raise RuntimeError(f"replay differs from eager by {error:.3g} (tolerance {tolerance:.3g})")
+
+
+def _key(bucket: Bucket) -> str:
+    return f"the {bucket.tokens}-token bucket"
