@@ -78,6 +78,30 @@ def test_compiled_trunk_replays_like_the_plain_layers(dtype: DType, tiny_model: 
             torch.testing.assert_close(replayed, plain, rtol=0, atol=tolerance)
 
 
+def test_double_buffered_replays_equal_single_buffer_ones(tiny_model: Callable[[str], Path]) -> None:
+    """Two slots per bucket, copies on the copy stream: batches loaded back to back (the second copied while the
+    first replays) give the single-buffer runner's rows."""
+    model = load_model(tiny_model("qwen3-cls3"), DType.FLOAT32, "cuda", "qwen3-cls3")
+    single = GraphRunner(model, LayoutKind.FLEX, BUCKETS[-1:], max_tokens=BUCKETS[-1], max_seqs=64)
+    double = GraphRunner(model, LayoutKind.FLEX, BUCKETS[-1:], max_tokens=BUCKETS[-1], max_seqs=64,
+                         double_buffer=True)
+    single.capture()
+    double.capture()
+    assert all(slot.graph is not None for slot in double.buckets[0].slots)
+    with torch.inference_mode():
+        kinds = batches_for(model, BUCKETS[-1], DELIMITER, BUCKETS)
+        expected = []
+        for units in kinds.values():
+            batch = single.load(single.buckets[0], units)
+            expected.append(single.forward(single.buckets[0])[: len(batch.readouts)].clone())
+        outputs = []
+        for units in kinds.values():  # no sync between batches: the next copy overlaps the replay
+            batch = double.load(double.buckets[0], units)
+            outputs.append(double.forward(double.buckets[0])[: len(batch.readouts)].clone())
+    for got, want in zip(outputs, expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_pinned_copy_returns_the_values() -> None:
     rows = torch.randn(7, 96, device="cuda", dtype=torch.bfloat16)
     vectors, seconds, nbytes = host_vectors(rows)
