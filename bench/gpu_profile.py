@@ -169,11 +169,18 @@ def replay_kernels(runner: GraphRunner, device: torch.device, passes: int) -> li
 
 def categories(model: ScoringModel, runner: GraphRunner, mode: str | None, device: torch.device,
                passes: int) -> dict[str, Any]:
-    annotated = annotated_kernels(model, runner, mode, device)
-    if device.type != "cuda":
+    if device.type == "cuda" and mode is not None:
+        # Compiled layers: hooks added now would change what dynamo guards on (a recompile inside the profile), and
+        # their kernels fuse several categories anyway, so they are classified by name.
+        kernels = replay_kernels(runner, device, passes)
+        labels, join = [by_name(n) for n, _ in kernels], "by kernel name (compiled)"
+        annotated = []
+    else:
+        annotated = annotated_kernels(model, runner, mode, device)
+    if annotated and device.type != "cuda":
         kernels, labels, join = [(n, us) for n, _, us in annotated], [c for _, c, _ in annotated], "annotated (CPU)"
         passes = 1
-    else:
+    elif annotated:
         kernels = replay_kernels(runner, device, passes)
         names = [n for n, _ in kernels]
         if names == [n for n, _, _ in annotated] * passes:
