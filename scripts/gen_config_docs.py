@@ -58,6 +58,7 @@ SAMPLES: dict[str, Any] = {
     "scoring.decisions.template": "{input} Question: {question} Answer:",
     "model.tokenSecretRef.name": "hf-token",
     "model.tokenSecretRef.key": "hf",
+    "compile.cacheDir": "/compile-cache",
     "resources.gpu.resourceName": "amd.com/gpu",
     "resources.cpu": "2",
     "resources.memory": "8Gi",

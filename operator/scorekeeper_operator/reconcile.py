@@ -67,7 +67,7 @@ def utc_now() -> datetime:
 def _scaling_and_startup(model: ScoringModel) -> dict[str, Any]:
     scaling = model.spec.autoscaling
     return {"min_replicas": scaling.min_replicas if scaling.enabled else None,
-            "startup_seconds": model.spec.rollout.max_startup_seconds,
+            "startup_seconds": model.spec.startup_seconds,
             "scheduling_deadline": float(model.spec.rollout.scheduling_deadline_seconds)}
 
 

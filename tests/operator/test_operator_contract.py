@@ -47,6 +47,8 @@ SPECS: dict[str, dict[str, Any]] = {
         "quantization": "int8", "quantizationCertificate": {"minSpearman": 0.995, "maxScoreDelta": 0.05},
         "decisions": {"template": DECISION_TEMPLATE}}},
     "int8-default-certificate": {"resources": {"cpu": "500m"}, "scoring": {"quantization": "int8"}},
+    "gpu-compiled": {"resources": {"gpu": {"count": 1}},
+                     "compile": {"mode": "on", "budgetSeconds": 300, "cacheDir": "/compile-cache"}},
 }
 
 

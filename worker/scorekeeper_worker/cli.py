@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from scorekeeper_worker.base.config import (
     AttentionBackendName,
+    CompileMode,
     Device,
     DType,
     LogLevel,
@@ -109,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--cuda-graph-max-tokens", "batches above this many tokens run eager", type=int)
     add("--cuda-graph-max-seqs", "sequence slots captured per bucket", type=int)
     add("--attention-backend", "attention implementation", choices=[a.value for a in AttentionBackendName])
+    add("--compile", "torch.compile each trunk layer (one code object for all layers) in the graph buckets and for "
+        "eager batches; auto: off until proven on a GPU (docs/gpu.md)", choices=[c.value for c in CompileMode])
+    add("--compile-budget-seconds", "start-up compile time after which buckets not yet compiled run plain layers",
+        type=float)
+    add("--compile-cache-dir", "directory for Inductor's and Triton's caches and torch.compile's cache artifacts "
+        "(mount a volume there so a restart skips most of the compile)")
     add("--drain-timeout-seconds", "on SIGTERM, how long in-flight requests may take to finish", type=float)
     add("--http-header-timeout-seconds", "a connection must deliver a request's head (request line and headers) "
         "within this long of opening, or of the request's first byte on a kept-alive connection; else 408 and "

@@ -5,6 +5,7 @@ follow the worker's own path (and its renames) instead of reaching into its modu
 - Requests: `ScoreAsk` scored with `score_now` through an `Executor` (prepared exactly as the server prepares them),
   or planned into `PackUnit`s with `plan_units`.
 - The engine's parts for GPU and kernel benchmarks: `build_inputs`, `pooled_rows`, `GraphRunner`, `LayoutKind`,
+  the compiled trunk (`CompiledTrunk`, `compile_mode`), flex's `block_tables` and the mask rule `token_allowed`,
   the CPU kernels (`tiled`, `fuse_linears`), the start-up checks (`selfcheck`, `decision_selfcheck`).
 - The server: `load` (start-up, returning what serves), `create_app` (the FastAPI app).
 """
@@ -15,6 +16,7 @@ from scorekeeper_worker.api.server import create_app
 from scorekeeper_worker.base.config import DType, WorkerConfig
 from scorekeeper_worker.base.metrics import WorkerMetrics
 from scorekeeper_worker.engine.queue.batching import token_batches
+from scorekeeper_worker.engine.runner.compiled_trunk import CompiledTrunk, compile_mode
 from scorekeeper_worker.engine.runner.cuda_graphs import GraphRunner
 from scorekeeper_worker.engine.runner.device_copy import host_vectors
 from scorekeeper_worker.engine.runner.executor import BatchStats, Executor
@@ -29,7 +31,8 @@ from scorekeeper_worker.model.files import (
     smollm2_gguf_path,
 )
 from scorekeeper_worker.model.kernels import tiled
-from scorekeeper_worker.model.kernels.attention import LayoutKind
+from scorekeeper_worker.model.kernels.attention import LayoutKind, token_allowed
+from scorekeeper_worker.model.kernels.flex import block_tables
 from scorekeeper_worker.model.kernels.onednn_linear import FusedLinear, fuse_linears
 from scorekeeper_worker.model.loader import Pooling, ScoringModel, load_model
 from scorekeeper_worker.model.templates.decision_template import resolve_decision_template
@@ -46,12 +49,13 @@ from scorekeeper_worker.serving.startup.load import load
 from scorekeeper_worker.serving.startup.quantization import spearman
 
 __all__ = [
-    "BatchStats", "DType", "Executor", "FusedLinear", "GraphRunner", "LayoutKind", "LengthRules", "Limits",
-    "PackUnit", "Pool", "Pooling", "ScoreAsk", "ScoringModel", "WorkerConfig", "WorkerMetrics", "bounded_ids",
-    "build_inputs", "create_app", "decision_selfcheck", "fix_gguf_tokenizer", "freeze_after_load", "fuse_linears",
-    "gguf_tokenizer_metadata", "host_vectors", "keep_freed_memory", "load", "load_model", "minilm_path",
-    "plan_units", "pooled_rows", "prepare_smollm2", "resolve_decision_template", "save_converted", "score_now",
-    "scored", "selfcheck", "smollm2_gguf_path", "spearman", "tiled", "token_batches",
+    "BatchStats", "CompiledTrunk", "DType", "Executor", "FusedLinear", "GraphRunner", "LayoutKind", "LengthRules",
+    "Limits", "PackUnit", "Pool", "Pooling", "ScoreAsk", "ScoringModel", "WorkerConfig", "WorkerMetrics",
+    "block_tables", "bounded_ids", "build_inputs", "compile_mode", "create_app", "decision_selfcheck",
+    "fix_gguf_tokenizer", "freeze_after_load", "fuse_linears", "gguf_tokenizer_metadata", "host_vectors",
+    "keep_freed_memory", "load", "load_model", "minilm_path", "plan_units", "pooled_rows", "prepare_smollm2",
+    "resolve_decision_template", "save_converted", "score_now", "scored", "selfcheck", "smollm2_gguf_path",
+    "spearman", "tiled", "token_allowed", "token_batches",
 ]
 
 

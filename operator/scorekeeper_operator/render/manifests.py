@@ -116,8 +116,7 @@ def deployment(model: ScoringModel, meta: dict[str, Any], template: dict[str, An
         "revisionHistoryLimit": 3,
         # Beyond the scheduling and startup budgets, so a slow but healthy placement and model load is not reported
         # as a stuck rollout.
-        "progressDeadlineSeconds": model.spec.rollout.max_startup_seconds
-        + model.spec.rollout.scheduling_deadline_seconds,
+        "progressDeadlineSeconds": model.spec.startup_seconds + model.spec.rollout.scheduling_deadline_seconds,
         "template": template,
     }
     replicas = desired_replicas(model)

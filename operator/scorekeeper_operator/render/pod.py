@@ -98,7 +98,7 @@ def _dump(items: tuple[Any, ...]) -> list[dict[str, Any]]:
 def _worker_container(model: ScoringModel, image: str, model_mounts: list[dict[str, Any]],
                       user: dict[str, Any]) -> dict[str, Any]:
     spec = model.spec
-    startup_failures = math.ceil(spec.rollout.max_startup_seconds / STARTUP_PROBE_PERIOD_SECONDS)
+    startup_failures = math.ceil(spec.startup_seconds / STARTUP_PROBE_PERIOD_SECONDS)
     container: dict[str, Any] = {
         "name": "worker",
         "image": image,
@@ -109,7 +109,7 @@ def _worker_container(model: ScoringModel, image: str, model_mounts: list[dict[s
         "env": [*({"name": k, "value": v} for k, v in pod_layout.WORKER_ENV.items()), *user["env"]],
         "resources": _resources(model),
         # /ready turns true only once the model is loaded and warm; until then the startup probe holds off
-        # liveness, for up to rollout.maxStartupSeconds.
+        # liveness, for up to rollout.maxStartupSeconds (plus compile.budgetSeconds when the worker compiles).
         "startupProbe": _probe("/ready", STARTUP_PROBE_PERIOD_SECONDS, startup_failures),
         "readinessProbe": _probe("/ready", 5, 3),
         "livenessProbe": _probe("/health", 15, 4),

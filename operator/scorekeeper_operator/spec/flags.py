@@ -74,9 +74,13 @@ def worker_config(model: ScoringModel) -> dict[str, Any]:
         "cuda_graph_token_buckets": list(spec.cuda_graph.token_buckets),
         "cuda_graph_max_tokens": spec.cuda_graph.max_tokens,
         "cuda_graph_max_seqs": spec.cuda_graph.max_sequences,
+        "compile": spec.compile.mode.value,
+        "compile_budget_seconds": spec.compile.budget_seconds,
         "drain_timeout_seconds": spec.rollout.drain_seconds,
         "metrics_port": METRICS_PORT,
     }
+    if spec.compile.cache_dir is not None:
+        config["compile_cache_dir"] = spec.compile.cache_dir
     if mis.delimiter_token_id is not None:
         config["multi_item_scoring_delimiter"] = mis.delimiter_token_id
     if spec.auth.api_key_secret_ref is not None:

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Self
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 from scorekeeper_operator.spec.base import Spec
+from scorekeeper_operator.spec.compile import Compile
 from scorekeeper_operator.spec.pod import NetworkPolicy, PodOptions
 from scorekeeper_operator.spec.quantity import QUANTITY_PATTERN, quantities_as_strings
 from scorekeeper_operator.spec.worker_contract import BUILTIN_PROMPT_TEMPLATES, RESERVED_FLAGS
@@ -290,6 +291,7 @@ class ScoringModelSpec(Spec):
     model: ModelSource
     scoring: Scoring = Scoring()
     cuda_graph: CudaGraph = CudaGraph()
+    compile: Compile = Compile()
     resources: Resources = Resources()
     replicas: int = Field(1, ge=0, le=1000)
     autoscaling: Autoscaling = Autoscaling()
@@ -325,6 +327,11 @@ class ScoringModelSpec(Spec):
     @property
     def cuda_graph_enabled(self) -> bool:
         return self.uses_gpu if self.cuda_graph.enabled is None else self.cuda_graph.enabled
+
+    @property
+    def startup_seconds(self) -> int:
+        """Start-up time a pod may take before it counts as failed: the rollout's, plus the compile budget."""
+        return self.rollout.max_startup_seconds + self.compile.allowance_seconds(self.uses_gpu)
 
     @property
     def rollout_strategy(self) -> RolloutStrategy:

@@ -35,7 +35,7 @@ RESERVED_FLAGS: tuple[str, ...] = (
     "--cuda-graph", "--no-cuda-graph", "--cuda-graph-token-buckets", "--cuda-graph-max-tokens",
     "--cuda-graph-max-seqs", "--drain-timeout-seconds", "--metrics-port", "--api-key-file",
     "--threads", "--quantization", "--quantization-min-spearman", "--quantization-max-score-delta",
-    "--quantization-min-top10", "--decision-template",
+    "--quantization-min-top10", "--decision-template", "--compile", "--compile-budget-seconds", "--compile-cache-dir",
 )
 
 

@@ -98,12 +98,30 @@ def test_flex_block_tables_are_conservative(seed: int) -> None:
         dense[:length, :length] = allowed
         tiles = dense.view(partial.shape[0], block, partial.shape[0], block).permute(0, 2, 1, 3)
         assert not (tiles.any(-1).any(-1) & ~(partial | full)).any(), "an allowed pair sits in a skipped tile"
+        if window is None:  # exact: no tile is listed without an allowed pair
+            assert torch.equal(tiles.any(-1).any(-1), partial | full)
         assert tiles[full].all(), "a full tile holds a masked pair"
         assert (~(partial | full)).any(), "nothing skipped"
         # mask_mod on the padded metadata is the same rule on the real tokens
         padded_index = torch.arange(size)
         assert torch.equal(token_allowed(padded, padded_index[:, None], padded_index[None, :], causal,
                                          window)[:length, :length], allowed)
+
+
+def test_block_tables_of_the_sglang_benchmark_shape_are_exact() -> None:
+    """SGLang's scoring benchmark (a 120-token query, 10 items of 180 tokens, plus delimiters) four times in the
+    8,192-token bucket: the tables list exactly the 235 tiles that hold an allowed pair (the range-based tables of
+    the first GPU profile listed 280), none of them full (no 128-token tile lies inside one item or query)."""
+    units = [PackUnit([5] * 121, items=[[6] * 181 for _ in range(10)], visible_prefix=120,
+                      pools=[Pool(range(1), r)]) for r in range(4)]
+    tokens = build_inputs(units, CPU, LayoutKind.FLEX, GraphShape(8192, 64)).layout.tokens
+    assert tokens is not None
+    _, partial, full = block_tables(tokens, causal=True, window=None)
+    index = torch.arange(8192)
+    needed = torch.cat([token_allowed(tokens, index[q:q + 1024, None], index[None, :], True, None)
+                        .view(8, 128, 64, 128).any(-1).any(1) for q in range(0, 8192, 1024)])
+    assert int(needed.sum()) == 235 and torch.equal(partial | full, needed)
+    assert int(full.sum()) == 0
 
 
 def test_compiled_flex_kernel_uses_the_block_tables() -> None:

@@ -35,6 +35,12 @@ class LogLevel(StrEnum):
     ERROR = "error"
 
 
+class CompileMode(StrEnum):
+    AUTO = "auto"  # off until a GPU session proves the compiled trunk (docs/gpu.md); then on for CUDA
+    ON = "on"
+    OFF = "off"
+
+
 class AttentionBackendName(StrEnum):
     AUTO = "auto"
     SDPA = "sdpa"
@@ -77,6 +83,9 @@ class WorkerConfig(BaseModel):
     cuda_graph_max_tokens: int = Field(8192, ge=16)
     cuda_graph_max_seqs: int = Field(256, ge=1)
     attention_backend: AttentionBackendName = AttentionBackendName.AUTO
+    compile: CompileMode = CompileMode.AUTO
+    compile_budget_seconds: float = Field(600.0, gt=0)
+    compile_cache_dir: Path | None = None
     drain_timeout_seconds: float = Field(30.0, ge=0)
     http_header_timeout_seconds: float = Field(10.0, gt=0)
     http_body_timeout_seconds: float = Field(20.0, gt=0)

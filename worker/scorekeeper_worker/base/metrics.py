@@ -117,6 +117,11 @@ class WorkerMetrics:
                                   ["path", "bucket"], registry=r)
         self.graph_capture_failures = Counter("scorekeeper_cuda_graph_capture_failures_total",
                                               "CUDA graph captures that fell back to eager", registry=r)
+        self.compile_seconds = Gauge("scorekeeper_compile_seconds", "torch.compile of the trunk layers (--compile): "
+                                     "seconds of the first, compiling pass per target (a graph bucket, or eager)",
+                                     ["target"], registry=r)
+        self.compile_failures = Counter("scorekeeper_compile_failures_total", "Compiles of the trunk layers that "
+                                        "failed: their target runs the plain layers", registry=r)
         self.gc_pauses = Histogram("scorekeeper_gc_pause_seconds", "Python garbage-collector pauses (the GIL is held: "
                                    "no request progresses) by generation", ["generation"], buckets=GC_BUCKETS,
                                    registry=r)

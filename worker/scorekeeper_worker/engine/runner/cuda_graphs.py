@@ -14,6 +14,10 @@ turns graphs off under MIS).
 Without CUDA the same buffers, padding and bucket choice run eagerly ("padded" path), which is how the CPU tests
 prove padded batches give the scores of unpadded ones. A failed capture (or a captured graph that disagrees with
 eager on a probe batch) leaves its bucket to the eager path, with a log line and a metric.
+
+With a `CompiledTrunk` (`--compile`), each bucket's layers are compiled for its static shapes during the warm-up
+passes and the capture records the compiled kernels; a bucket whose compile or compiled capture fails is captured
+again with the plain layers (the compiler logs and counts it), and only if that fails too does it run eager.
 """
 
 from __future__ import annotations
@@ -22,9 +26,11 @@ import logging
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from scorekeeper_worker.engine.runner.compiled_trunk import CompiledTrunk, compile_mode
 from scorekeeper_worker.engine.runner.forward import pooled_rows
 from scorekeeper_worker.engine.runner.packing import ForwardInputs, GraphShape, PackUnit, Pool, build_inputs, fits
 from scorekeeper_worker.model.kernels.attention import LayoutKind
@@ -36,16 +42,49 @@ WARMUP_RUNS = 2  # before capture: lazy initialisation, cuBLAS workspaces, Trito
 
 
 @dataclass
-class Bucket:
-    shape: GraphShape
-    static: ForwardInputs  # the buffers every batch of this bucket is copied into
+class Slot:
+    """One set of a bucket's static buffers and the graph captured on it."""
+
+    static: ForwardInputs  # the buffers a batch is copied into
     graph: torch.cuda.CUDAGraph | None = None
     output: torch.Tensor | None = None  # [sequences + 1, H] pooled rows written by the graph
+    loaded: Any = None  # CUDA event: this slot's batch is on the device (copy stream)
+    released: Any = None  # CUDA event: the last replay that read this slot has run
+
+
+@dataclass
+class Bucket:
+    """A token bucket: one slot, or two with double buffering (batch N+1 is copied into the other slot, on a copy
+    stream, while batch N replays from this one). `static`, `graph` and `output` are the current slot's."""
+
+    shape: GraphShape
+    slots: list[Slot]
+    current: int = 0
     disabled: bool = False  # capture failed: its batches run eager
 
     @property
     def tokens(self) -> int:
         return self.shape.tokens
+
+    @property
+    def static(self) -> ForwardInputs:
+        return self.slots[self.current].static
+
+    @property
+    def graph(self) -> torch.cuda.CUDAGraph | None:
+        return self.slots[self.current].graph
+
+    @graph.setter
+    def graph(self, graph: torch.cuda.CUDAGraph | None) -> None:
+        self.slots[self.current].graph = graph
+
+    @property
+    def output(self) -> torch.Tensor | None:
+        return self.slots[self.current].output
+
+    @output.setter
+    def output(self, output: torch.Tensor | None) -> None:
+        self.slots[self.current].output = output
 
 
 def copy_into(static: ForwardInputs, batch: ForwardInputs) -> None:
@@ -90,7 +129,8 @@ class GraphRunner:
 
     def __init__(self, model: ScoringModel, kind: LayoutKind, buckets: Sequence[int], max_tokens: int,
                  max_seqs: int, capture: bool | None = None, pad_token: int = 0,
-                 on_capture_failure: Callable[[], None] | None = None) -> None:
+                 on_capture_failure: Callable[[], None] | None = None,
+                 compiler: CompiledTrunk | None = None, double_buffer: bool = False) -> None:
         if kind == LayoutKind.BLOCKS:
             raise ValueError("graph buckets need a token layout (dense or flex)")
         self.model = model
@@ -100,12 +140,18 @@ class GraphRunner:
         self.capture_enabled = (model.device.type == "cuda" and torch.cuda.is_available()) if capture is None \
             else capture
         self.on_capture_failure = on_capture_failure
+        self.compiler = compiler
         shapes = [GraphShape(tokens, max_seqs, model.uses_token_types, pad_token)
                   for tokens in sorted(set(buckets)) if tokens <= max_tokens]
         # Inference tensors, like every eager batch: compiled kernels (flex) guard on the tensors' dispatch keys, so
         # plain tensors here would compile every variant a second time.
         with torch.inference_mode():
-            self.buckets = [Bucket(shape, build_inputs([], model.device, kind, shape)) for shape in shapes]
+            self.buckets = [Bucket(shape, [Slot(build_inputs([], model.device, kind, shape))
+                                           for _ in range(2 if double_buffer else 1)]) for shape in shapes]
+        # With CUDA: host batches are staged in pinned memory and copied on their own stream, so the copy of batch
+        # N+1 runs while batch N replays, and the host is free as soon as the copy is queued.
+        on_cuda = model.device.type == "cuda" and torch.cuda.is_available()
+        self.copy_stream = torch.cuda.Stream() if on_cuda else None
 
     def select(self, units: list[PackUnit]) -> Bucket | None:
         """The smallest usable bucket the batch fits, or None (run eager)."""
@@ -114,19 +160,45 @@ class GraphRunner:
         return next((b for b in self.buckets if not b.disabled and fits(units, b.shape)), None)
 
     def load(self, bucket: Bucket, units: list[PackUnit]) -> ForwardInputs:
-        """Pack the batch padded to the bucket (on the host) and copy it into the bucket's buffers; returns the host
-        inputs (readouts, live token counts)."""
+        """Pack the batch padded to the bucket (on the host) and copy it into the bucket's next slot, which becomes
+        current; returns the host inputs (readouts, live token counts)."""
         batch = build_inputs(units, torch.device("cpu"), self.kind, bucket.shape)
-        copy_into(bucket.static, batch)
+        bucket.current = (bucket.current + 1) % len(bucket.slots)
+        self._copy(bucket.slots[bucket.current], batch)
         return batch
 
+    def _copy(self, slot: Slot, batch: ForwardInputs) -> None:
+        if self.copy_stream is None:
+            copy_into(slot.static, batch)
+            return
+        staged = [t.pin_memory() for t in batch.tensors()]  # caching host allocator: reused once the copy ran
+        with torch.cuda.stream(self.copy_stream):
+            if slot.released is not None:  # never overwrite buffers a queued replay still reads
+                self.copy_stream.wait_event(slot.released)
+            for target, source in zip(slot.static.tensors(), staged, strict=True):
+                target.copy_(source, non_blocking=True)
+            slot.loaded = torch.cuda.Event()
+            slot.loaded.record(self.copy_stream)
+
     def forward(self, bucket: Bucket) -> torch.Tensor:
-        """Pooled rows of the loaded batch: [sequences + 1, H], the live rows first."""
-        if bucket.graph is not None:
-            bucket.graph.replay()
-            assert bucket.output is not None
-            return bucket.output
-        return pooled_rows(self.model, bucket.static)
+        """Pooled rows of the loaded batch: [sequences + 1, H], the live rows first. Valid until the next replay."""
+        slot = bucket.slots[bucket.current]
+        if slot.loaded is not None:
+            torch.cuda.current_stream().wait_event(slot.loaded)
+        if slot.graph is not None:
+            slot.graph.replay()
+            if self.copy_stream is not None:
+                slot.released = torch.cuda.Event()
+                slot.released.record(torch.cuda.current_stream())
+            assert slot.output is not None
+            return slot.output
+        return self._pass(bucket)
+
+    def _pass(self, bucket: Bucket) -> torch.Tensor:
+        """One forward on the bucket's buffers, with the bucket's compiled layers when there are any."""
+        if self.compiler is None:
+            return pooled_rows(self.model, bucket.static)
+        return self.compiler.run(_key(bucket), True, lambda: pooled_rows(self.model, bucket.static))
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -140,11 +212,23 @@ class GraphRunner:
         pool = None
         for bucket in reversed(self.buckets):
             try:
-                pool = pool or torch.cuda.graph_pool_handle()
-                self._capture(bucket, pool)
-                self._check(bucket)
+                for index in range(len(bucket.slots)):
+                    bucket.current = index
+                    pool = pool or torch.cuda.graph_pool_handle()
+                    try:
+                        self._capture(bucket, pool)
+                        self._check(bucket)
+                    except Exception as error:
+                        if self.compiler is None or self.compiler.mode_for(_key(bucket), True) is None:
+                            raise
+                        self.compiler.disable(_key(bucket), error)  # log line, counter; then the plain layers
+                        bucket.graph, bucket.output, pool = None, None, torch.cuda.graph_pool_handle()
+                        self._capture(bucket, pool)
+                        self._check(bucket)
             except Exception as error:  # one bad bucket must never stop the worker: it runs eager
-                bucket.graph, bucket.output, bucket.disabled = None, None, True
+                for slot in bucket.slots:
+                    slot.graph, slot.output = None, None
+                bucket.disabled = True
                 # A pool lives as long as a graph holds it, and a failed capture can leave it inconsistent: the next
                 # bucket starts a new one (reusing it failed every later capture with an allocator assert on an H200).
                 pool = None
@@ -159,12 +243,13 @@ class GraphRunner:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for _ in range(WARMUP_RUNS):
-                pooled_rows(self.model, bucket.static)
+            for _ in range(WARMUP_RUNS):  # the first one compiles the bucket's layers (with a compiler)
+                self._pass(bucket)
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
+        mode = None if self.compiler is None else self.compiler.mode_for(_key(bucket), True)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        with torch.cuda.graph(graph, pool=pool), compile_mode(mode):
             output = pooled_rows(self.model, bucket.static)
         torch.cuda.synchronize()
         bucket.graph, bucket.output = graph, output
@@ -174,10 +259,15 @@ class GraphRunner:
         (or a kernel that misbehaves under capture) is caught here, before serving."""
         model = self.model
         units = probe_units(bucket.shape, model.model.get_input_embeddings().num_embeddings, model.position_start)
-        batch = self.load(bucket, units)
+        batch = build_inputs(units, torch.device("cpu"), self.kind, bucket.shape)
+        self._copy(bucket.slots[bucket.current], batch)  # the slot being checked, not the next one
         replayed = self.forward(bucket)[: len(batch.readouts)].float()
         expected = pooled_rows(model, build_inputs(units, model.device, self.eager_kind)).float()
         tolerance = (1e-3 if model.dtype == torch.float32 else 5e-2) * max(1.0, expected.abs().max().item())
         error = (replayed - expected).abs().max().item()
         if not error <= tolerance:
             raise RuntimeError(f"replay differs from eager by {error:.3g} (tolerance {tolerance:.3g})")
+
+
+def _key(bucket: Bucket) -> str:
+    return f"the {bucket.tokens}-token bucket"

@@ -11,6 +11,7 @@ from typing import Protocol
 
 import torch
 
+from scorekeeper_worker.engine.runner.compiled_trunk import EAGER_KEY, CompiledTrunk
 from scorekeeper_worker.engine.runner.cuda_graphs import GraphRunner
 from scorekeeper_worker.engine.runner.device_copy import CopyStats
 from scorekeeper_worker.engine.runner.forward import PaddedTrunk, pooled_rows
@@ -40,12 +41,13 @@ class BatchStats:
 
 class Executor:
     def __init__(self, model: ScoringModel, backend: str = "sdpa", graphs: GraphRunner | None = None,
-                 trunk: PaddedTrunk | None = None) -> None:
+                 trunk: PaddedTrunk | None = None, compiler: CompiledTrunk | None = None) -> None:
         self.model = model
         # Padded models and other trunk backends run on the row blocks of the BLOCKS layout (forward.padded_hidden).
         self.eager_kind = LayoutKind.FLEX if backend == "flex" and model.packed and trunk is None else LayoutKind.BLOCKS
         self.graphs = graphs
         self.trunk = trunk
+        self.compiler = compiler if trunk is None else None  # another trunk backend has no layers of ours
 
     @torch.inference_mode()
     def run(self, batch: list[tuple[Job, PackUnit]]) -> BatchStats:
@@ -56,7 +58,10 @@ class Executor:
         if bucket is None:
             inputs = build_inputs(units, self.model.device, self.eager_kind)
             packed = time.perf_counter()
-            pooled = pooled_rows(self.model, inputs, self.trunk)
+            if self.compiler is not None:
+                pooled = self.compiler.run(EAGER_KEY, False, lambda: pooled_rows(self.model, inputs))
+            else:
+                pooled = pooled_rows(self.model, inputs, self.trunk)
             path, label = "eager", "none"
         else:
             assert self.graphs is not None

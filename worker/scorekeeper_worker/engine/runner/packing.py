@@ -316,6 +316,6 @@ def _build_token_inputs(units: list[PackUnit], device: torch.device, kind: Layou
     tokens = TokenLayout(segment=_tensor(segment, device), context=_tensor(context, device),
                          offset=_tensor(offset, device), prefix=_tensor(prefix, device), positions=position_ids[0],
                          parent=_tensor(parent, device))
-    layout = AttentionLayout(kind=kind, tokens=tokens)
+    layout = AttentionLayout(kind=kind, tokens=tokens, static_shapes=shape is not None)
     return _inputs(ids, position_ids, token_types if uses_token_types else None, layout, pools, tables, device, live,
                    pool_rows)

@@ -85,6 +85,7 @@ class AttentionLayout:
     item_contexts: RowBlock | None = None  # the query tokens each multi-item group's items see
     kind: LayoutKind = LayoutKind.BLOCKS
     tokens: TokenLayout | None = None
+    static_shapes: bool = False  # graph-bucket inputs: shapes are a bucket's, so kernels may compile for them
     _cache: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False)
 
     def cached(self, key: tuple[object, ...], build: Callable[[], object]) -> object:

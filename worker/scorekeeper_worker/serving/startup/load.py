@@ -13,6 +13,7 @@ import torch
 from scorekeeper_worker.base.config import Device, DType, Quantization, WorkerConfig
 from scorekeeper_worker.base.metrics import WorkerMetrics
 from scorekeeper_worker.engine.queue.scheduler import Scheduler
+from scorekeeper_worker.engine.runner.compiled_trunk import CompiledTrunk, compile_enabled
 from scorekeeper_worker.engine.runner.cuda_graphs import GraphRunner
 from scorekeeper_worker.engine.runner.executor import Executor
 from scorekeeper_worker.model.kernels.attention import LayoutKind
@@ -123,14 +124,22 @@ def _executor(config: WorkerConfig, metrics: WorkerMetrics, model: ScoringModel)
     """Attention backend and, with --cuda-graph, the graph buckets (captured here, before the model thread
     starts: nothing else may use the GPU during a capture)."""
     backend = resolve_backend(config.attention_backend.value, model.device)
+    compiler = None
+    if compile_enabled(config.compile.value, model.device):
+        compiler = CompiledTrunk(model.trunk, config.compile_budget_seconds, config.compile_cache_dir,
+                                 on_failure=metrics.compile_failures.inc,
+                                 on_compiled=lambda key, seconds: metrics.compile_seconds.labels(key).set(seconds))
     graphs = None
     if config.cuda_graph:
         graphs = GraphRunner(model, LayoutKind.FLEX if backend == "flex" else LayoutKind.DENSE,
                              config.cuda_graph_token_buckets, config.cuda_graph_max_tokens,
-                             config.cuda_graph_max_seqs, on_capture_failure=metrics.graph_capture_failures.inc)
+                             config.cuda_graph_max_seqs, on_capture_failure=metrics.graph_capture_failures.inc,
+                             compiler=compiler)
         graphs.capture()
+        if compiler is not None:
+            compiler.finish_start_up()
         for bucket in graphs.buckets:  # every series from the start, so graph panels have data
             if not bucket.disabled:
                 path = "graph" if bucket.graph is not None else "padded"
                 metrics.graph_runs.labels(path, str(bucket.tokens))
-    return Executor(model, backend, graphs)
+    return Executor(model, backend, graphs, compiler=compiler)
