@@ -30,6 +30,17 @@ def _forward(bad: set[int], error: Exception, calls: list[list[int]]):  # type: 
     return run
 
 
+def _isolated(run, batch: list[tuple[FakeJob, PackUnit]]):  # type: ignore[no-untyped-def]
+    """As the scheduler does: the whole batch first, then (only if it raised) the search."""
+    jobs = list({id(job): job for job, _ in batch}.values())
+    before = [job.remaining for job in jobs]
+    try:
+        return [run(batch)], []
+    except Exception as error:
+        outcome = run_isolated(run, batch, lambda job: job, error, before)
+        return outcome.stats, outcome.failed
+
+
 def _batch(n: int) -> tuple[list[FakeJob], list[tuple[FakeJob, PackUnit]]]:
     jobs = [FakeJob(i) for i in range(n)]
     return jobs, [(job, PackUnit([1, 2])) for job in jobs for _ in range(2)]  # two units per job
@@ -38,17 +49,17 @@ def _batch(n: int) -> tuple[list[FakeJob], list[tuple[FakeJob, PackUnit]]]:
 def test_one_bad_owner_of_32_is_found_by_bisection() -> None:
     jobs, batch = _batch(32)
     calls: list[list[int]] = []
-    outcome = run_isolated(_forward({13}, IndexError("index out of range"), calls), batch, lambda job: job)
-    assert [(job.name, type(error)) for job, error in outcome.failed] == [(13, IndexError)]
+    _, failed = _isolated(_forward({13}, IndexError("index out of range"), calls), batch)
+    assert [(job.name, type(error)) for job, error in failed] == [(13, IndexError)]
     assert all(job.remaining == 0 for job in jobs if job.name != 13)  # each good job absorbed exactly once
     assert len(calls) == 1 + 2 * 5  # the batch, then two halves per level down to one request: log2(32) levels
 
 
 def test_two_bad_owners_each_fail_alone() -> None:
     _, batch = _batch(8)
-    outcome = run_isolated(_forward({0, 7}, ValueError("x"), []), batch, lambda job: job)
-    assert sorted(job.name for job, _ in outcome.failed) == [0, 7]
-    assert sum(stats.sequences for stats in outcome.stats) == 12  # the six good jobs' units, once each
+    stats, failed = _isolated(_forward({0, 7}, ValueError("x"), []), batch)
+    assert sorted(job.name for job, _ in failed) == [0, 7]
+    assert sum(s.sequences for s in stats) == 12  # the six good jobs' units, once each
 
 
 def test_a_device_poisoning_error_is_never_retried() -> None:
@@ -56,7 +67,7 @@ def test_a_device_poisoning_error_is_never_retried() -> None:
     calls: list[list[int]] = []
     cuda = RuntimeError("CUDA error: device-side assert triggered")
     with pytest.raises(DevicePoisoned) as raised:
-        run_isolated(_forward({2}, cuda, calls), batch, lambda job: job)
+        _isolated(_forward({2}, cuda, calls), batch)
     assert raised.value.__cause__ is cuda and len(calls) == 1
 
 

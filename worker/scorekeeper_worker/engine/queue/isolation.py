@@ -4,8 +4,9 @@ request; nothing is retried while batches succeed). That request gets the error;
 of a forward that succeeded. An error that poisons the device (engine/runner/device_health.py) is never retried: no
 later forward on that device can succeed.
 
-A retried job absorbs the rows of its units again: `absorb` writes each slot's result (never adds to it), and the
-count of rows still to come (`remaining`) is restored to what it was before the failed attempt."""
+The scheduler runs the whole batch itself and calls in only once it has raised (a batch that succeeds never enters
+this module). A retried job absorbs the rows of its units again: `absorb` writes each slot's result (never adds to
+it), and the count of rows still to come (`remaining`) is restored to what it was before the failed attempt."""
 
 from __future__ import annotations
 
@@ -36,28 +37,35 @@ class Outcome(Generic[Owner]):
 
 
 def run_isolated(run: Callable[[list[tuple[Owner, PackUnit]]], BatchStats], batch: list[tuple[Owner, PackUnit]],
-                 job_of: Callable[[Owner], Counted]) -> Outcome[Owner]:
-    """Run `batch` (owner, unit) through `run`, splitting it by owner where it raises; raises DevicePoisoned."""
+                 job_of: Callable[[Owner], Counted], error: Exception, before: list[int]) -> Outcome[Owner]:
+    """After `run(batch)` raised `error` (each owner's job had `before` rows to come, owners in batch order): find
+    the owners behind it by running parts of the batch again; raises DevicePoisoned. Called only once a batch has
+    failed, so that a batch that succeeds never enters this module."""
     outcome: Outcome[Owner] = Outcome()
-    _attempt(run, batch, job_of, outcome)
+    _split(run, batch, job_of, outcome, error, before)
     return outcome
 
 
-def _attempt(run: Callable[[list[tuple[Owner, PackUnit]]], BatchStats], batch: list[tuple[Owner, PackUnit]],
-             job_of: Callable[[Owner], Counted], outcome: Outcome[Owner]) -> None:
-    owners = list({id(owner): owner for owner, _ in batch}.values())
-    before = [job_of(owner).remaining for owner in owners]
-    try:
-        outcome.stats.append(run(batch))
+def _owners(batch: list[tuple[Owner, PackUnit]]) -> list[Owner]:
+    return list({id(owner): owner for owner, _ in batch}.values())
+
+
+def _split(run: Callable[[list[tuple[Owner, PackUnit]]], BatchStats], batch: list[tuple[Owner, PackUnit]],
+           job_of: Callable[[Owner], Counted], outcome: Outcome[Owner], error: Exception, before: list[int]) -> None:
+    """`batch` failed with `error`: restore its jobs' counts, then fail its one owner, or try each half."""
+    if poisons_device(error):
+        raise DevicePoisoned(str(error)) from error
+    owners = _owners(batch)
+    for owner, remaining in zip(owners, before, strict=True):
+        job_of(owner).remaining = remaining
+    if len(owners) == 1:
+        outcome.failed.append((owners[0], error))
         return
-    except Exception as error:  # any error of any request: found below, never the whole batch's
-        if poisons_device(error):
-            raise DevicePoisoned(str(error)) from error
-        for owner, remaining in zip(owners, before, strict=True):
-            job_of(owner).remaining = remaining
-        if len(owners) == 1:
-            outcome.failed.append((owners[0], error))
-            return
     first = {id(owner) for owner in owners[:len(owners) // 2]}
-    _attempt(run, [pair for pair in batch if id(pair[0]) in first], job_of, outcome)
-    _attempt(run, [pair for pair in batch if id(pair[0]) not in first], job_of, outcome)
+    halves = ([pair for pair in batch if id(pair[0]) in first], [pair for pair in batch if id(pair[0]) not in first])
+    for part in halves:
+        counts = [job_of(owner).remaining for owner in _owners(part)]
+        try:
+            outcome.stats.append(run(part))
+        except Exception as failed:  # any error of any request: narrowed down, never the whole batch's
+            _split(run, part, job_of, outcome, failed, counts)

@@ -143,14 +143,19 @@ class Scheduler:
             self._started(requests)
             if self.observer is not None:
                 self.observer([(request.job, unit) for request, unit in batch])
+            before = [request.job.remaining for request in requests]
+            failed: list[tuple[OpenRequest, Exception]] = []
             try:
-                outcome = run_isolated(lambda part: self.executor.run([(r.job, unit) for r, unit in part]), batch,
-                                       lambda request: request.job)
-            except DevicePoisoned as poisoned:
-                self._lose_device(poisoned, requests)
-                return
+                ran = [self._run(batch)]
+            except Exception as error:  # one request's error (or the device's): found by splitting the batch
+                try:
+                    outcome = run_isolated(self._run, batch, lambda request: request.job, error, before)
+                except DevicePoisoned as poisoned:
+                    self._lose_device(poisoned, requests)
+                    return
+                ran, failed = outcome.stats, outcome.failed
             with self._cond:
-                for request, error in outcome.failed:  # that request alone: its error, and its queued units dropped
+                for request, error in failed:  # that request alone: its error, and its queued units dropped
                     log.error("request failed in the forward (%s); the other %d request(s) of its batch are served",
                               type(error).__name__, len(requests) - 1, exc_info=error)
                     self.metrics.isolated_failures.labels(type(error).__name__).inc()
@@ -161,8 +166,11 @@ class Scheduler:
                     if request.job.remaining == 0 and not request.closed:
                         request.job.finish()
                         self._close(request)
-            for stats in outcome.stats:
+            for stats in ran:
                 self._observe(stats, len(requests))
+
+    def _run(self, batch: list[tuple[OpenRequest, PackUnit]]) -> BatchStats:
+        return self.executor.run([(request.job, unit) for request, unit in batch])
 
     def _lose_device(self, poisoned: DevicePoisoned, running: list[OpenRequest]) -> None:
         """The device is unusable: every open request (running or queued) and every later one gets DeviceLost."""
