@@ -132,11 +132,19 @@ def expected(subject: Subject, body: dict[str, Any]) -> Outcome:
         return Refused(f"too long: {error}")
     if any(not ids for ids, _ in sequences):
         return Refused("empty sequence")
+    if any(token >= subject.vocab_size for ids, _ in sequences for token in ids):  # transformers cannot read it
+        return Refused("a token past the embedding rows")
     softmax, temperature = body.get("apply_softmax", False), body.get("temperature", 1.0)
     if subject.kind == "causal_lm":
+        if body.get("return_pooled_hidden_states"):
+            return Refused("return_pooled_hidden_states on a causal LM")
         labels = body.get("label_token_ids") or subject.engine.default_labels
         if softmax and len(labels) == 1:  # every item would score 1.0: docs/api.md says this is refused
             return Refused("a single label token under apply_softmax")
         return [reference.causal_lm_scores(subject.hf, ids, labels, softmax, temperature) for ids, _ in sequences]
     logits = [reference.classifier_scores(subject.hf, ids, types, False) for ids, types in sequences]
-    return [_probabilities(subject, row, temperature) for row in logits] if softmax else logits
+    rows = [_probabilities(subject, row, temperature) for row in logits] if softmax else logits
+    if body.get("return_pooled_hidden_states"):  # each row, then the hidden state the head read
+        rows = [row + reference.classifier_pooled(subject.hf, ids, types)
+                for row, (ids, types) in zip(rows, sequences, strict=True)]
+    return rows

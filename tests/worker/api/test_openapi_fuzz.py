@@ -41,11 +41,12 @@ def cases(output: str) -> int:
     return int(match[1])
 
 
-@pytest.mark.parametrize("model", ["qwen3-cls3", "qwen3-causal"])
+@pytest.mark.parametrize("model", ["qwen3-cls3", "qwen3-causal", "bert-cross"])
 def test_every_check_passes(model: str, tiny_model: Callable[[str], Path],
                             server_for: Callable[..., RunningServer]) -> None:
-    """On the causal LM schemathesis also warns that most generated bodies are refused: they lack label_token_ids,
-    which only a causal LM needs (the hooks accept that reason, and only reasons of that kind)."""
+    """A decoder classifier, a causal LM with the decision routes and a cross-encoder. On the causal LM schemathesis
+    also warns that most generated bodies are refused: they lack label_token_ids, which only a causal LM needs (the
+    hooks accept that reason, and only reasons of that kind)."""
     server = server_for(tiny_model(model), max_items_per_request=64)
     paths = httpx.get(server.url + "/openapi.json", timeout=10).json()["paths"]
     scoring = [path for path in paths if "post" in paths[path]]  # the routes this model serves
@@ -95,6 +96,13 @@ def test_the_document_describes_the_server_as_loaded(model: str, embeds: bool, t
     server = server_for(tiny_model(model), max_items_per_request=64)
     spec = httpx.get(server.url + "/openapi.json", timeout=10).json()
     assert ("/v1/embeddings" in spec["paths"]) == embeds
+    schemas = spec["components"]["schemas"]
+    rows = httpx.get(server.url + "/v1/models", timeout=10).json()["data"][0]
+    assert "instruct" not in schemas["ScoreRequest"]["properties"]  # no prompt template: nothing to fill
+    assert "instruct" not in schemas["RerankRequest"]["properties"]
+    bound = schemas["ScoreRequest"]["properties"]["query"]["anyOf"][0]["oneOf"][1]["items"]["maximum"]
+    assert server.score(query=[bound], items=[[bound]]).status_code == 200, rows  # the largest id the document allows
+    assert server.score(query=[bound + 1], items=[[5]]).status_code == 400  # and the first it refuses
     if embeds:
         return  # an embedding model embeds every sequence alone: its empty sequences are not described
     bodies = [{"query": "", "items": [""]}, {"items": ["", "a"]}, {"query": None, "items": ""},
