@@ -47,14 +47,13 @@ def score_body(draw: st.DrawFn, subject: Subject, multi_item: bool = True, text_
     if subject.template is not None:
         if draw(st.booleans()):
             body["instruct"] = draw(_text(subject, 6))
-    else:
-        if variant.kind != "embedding" and draw(st.booleans()):
-            body["item_first"] = True
-        if draw(st.booleans()):
-            body["truncate"] = True
-            body["truncation_direction"] = draw(st.sampled_from(["left", "right"]))
-        if draw(st.integers(0, 3)) == 0:
-            body["max_tokens_per_item"] = draw(st.integers(1, limit))
+    elif variant.kind != "embedding" and draw(st.booleans()):
+        body["item_first"] = True
+    if draw(st.booleans()):  # behind a prompt template too: texts cut between their own tokens
+        body["truncate"] = True
+        body["truncation_direction"] = draw(st.sampled_from(["left", "right"]))
+    if draw(st.integers(0, 3)) == 0:
+        body["max_tokens_per_item"] = draw(st.integers(1, limit))
     if variant.kind != "embedding" and draw(st.integers(0, 3)) == 0:  # a causal LM's is refused (docs/api.md)
         body["return_pooled_hidden_states"] = True
     if variant.kind != "embedding" and draw(st.booleans()):

@@ -189,7 +189,9 @@ VARIANTS: list[Variant] = [
     Variant(T.QWEN3_CLS3, "multilabel", {"problem_type": "multi_label_classification"}),
     # Tokenizers larger than the embedding matrix: a decoder classifier, a causal LM and a cross-encoder.
     Variant(T.QWEN3_CLS3, "oversized", unembedded=("<extra_tok>",)),
-    Variant(T.QWEN3_CAUSAL, "oversized", unembedded=("<extra_tok>", "<more_tok>")),
+    Variant(T.QWEN3_CAUSAL, "oversized", unembedded=("<extra_tok>", "<more_tok>"), positions=TEMPLATE_MAX),
+    # Decisions (a chat template's prompt is long): Gemma2's soft-capping and windows behind one.
+    Variant(T.GEMMA2_CAUSAL, "decisions", {"sliding_window": WINDOW}, positions=TEMPLATE_MAX),
     Variant(T.BERT_CROSS, "oversized", unembedded=("[EXTRA]",)),
 ]
 SENTENCE_VARIANTS: list[SentenceVariant] = [_sentence(name) for name in st_variants.VARIANTS]

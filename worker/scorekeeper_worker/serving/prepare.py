@@ -12,6 +12,7 @@ from scorekeeper_worker.base.errors import Invalid, ResponseTooLarge
 from scorekeeper_worker.engine.queue.jobs import JobResult, ScoreJob
 from scorekeeper_worker.model.loader import ModelKind, ScoringModel
 from scorekeeper_worker.planning.ask import ScoreAsk
+from scorekeeper_worker.planning.encoding import check_token_ids
 from scorekeeper_worker.planning.planner import ScorePlan, plan, tokenize
 from scorekeeper_worker.planning.readable_ids import check_rows
 from scorekeeper_worker.planning.token_budget import refuse_early
@@ -102,6 +103,8 @@ def check(model: ScoringModel, ask: ScoreAsk, limits: Limits) -> list[list[int]]
     if len(ask.items) > limits.max_items:
         raise Invalid(f"{ask.rules.field}: {len(ask.items)} items exceed the limit of {limits.max_items}")
     labels = label_lists(model, ask, len(ask.items))
+    if isinstance(ask.query, list) and not ask.items:  # nothing is tokenized then, but the ids are still read
+        check_token_ids(model, [ask.query], "query")
     if ask.return_pooled_hidden_states:
         if model.kind == ModelKind.CAUSAL_LM:
             raise Invalid("return_pooled_hidden_states is not supported for causal LM models; it needs a "
