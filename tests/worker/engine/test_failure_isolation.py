@@ -32,9 +32,25 @@ def _ask(i: int) -> dict[str, Any]:
 
 def _raise_on_mark(error: Exception) -> Callable[[list[tuple[Any, PackUnit]]], None]:
     def fault(batch: list[tuple[Any, PackUnit]]) -> None:
-        if any(job.num_items == BAD_ITEMS for job, _ in batch):
+        if any(getattr(job, "num_items", 0) == BAD_ITEMS for job, _ in batch):
             raise error
     return fault
+
+
+def _raise_in_absorb(error: Exception) -> Callable[[list[tuple[Any, PackUnit]]], None]:
+    """The failing request's job raises when it takes its rows: after the forward, once the jobs before it in the
+    batch have absorbed theirs (so the retried parts absorb them again)."""
+    def fault(batch: list[tuple[Any, PackUnit]]) -> None:
+        for job, _ in batch:
+            if getattr(job, "num_items", 0) == BAD_ITEMS:
+                job.absorb = _raiser(error)
+    return fault
+
+
+def _raiser(error: Exception) -> Callable[..., None]:
+    def absorb(*_: Any) -> None:
+        raise error
+    return absorb
 
 
 def _metric(server: RunningServer, name: str, **labels: str) -> float:
@@ -116,4 +132,44 @@ def test_a_poisoned_device_fails_every_request_in_flight_with_503(tiny_model: Ca
         assert server.app.state.service.device_lost
         assert _metric(server, "scorekeeper_isolated_failures_total", cause="device_lost") == 1
     finally:
+        server.stop()
+
+
+def test_decisions_beside_a_failing_request_equal_the_same_decisions_alone(
+        tiny_model: Callable[[str], Path]) -> None:
+    """The batch is run again in parts: a decision job absorbs its rows again (multi-token options: child items)
+    and its probabilities stay those of the request alone (each row's term is written, never added twice)."""
+    server = RunningServer(model=tiny_model("qwen3-causal"), max_batch_tokens=8192, max_queue_tokens=65536,
+                           multi_item_scoring=True)
+    question = {"type": "choice", "instructions": "Which team?",
+                "choices": [{"value": "billing"}, {"value": "technical support"}, {"value": "sales and renewals"}]}
+    bodies = [{"model": "m", "input": f"message {i}", "questions": [question, {"type": "predicate",
+                                                                               "instructions": f"It is {i}."}]}
+              for i in range(6)]
+
+    def decide(body: dict[str, Any]) -> httpx.Response:
+        return httpx.post(server.url + "/v1/decisions", json=body, timeout=120)
+
+    try:
+        alone = [decide(body).json()["answers"] for body in bodies]
+        with ThreadPoolExecutor(10) as pool, BatchGate(server.scheduler, hold=True) as gate:
+            primer = pool.submit(server.score, query="primer", items=["x"], label_token_ids=[1, 2])
+            gate.wait_held()
+            futures = [pool.submit(decide, body) for body in bodies[:3]]
+            bad = pool.submit(server.score, query="bad", items=["x"] * BAD_ITEMS, label_token_ids=[1, 2])
+            futures += [pool.submit(decide, body) for body in bodies[3:]]
+            wait_until("7 requests queued", lambda: server.scheduler.open_requests == 8)
+            server.scheduler.executor.fault = _raise_in_absorb(ValueError("injected failure taking its rows"))
+            gate.release()
+            responses = [future.result() for future in futures]
+            assert primer.result().status_code == 200 and bad.result().status_code == 500
+        assert len({id(job) for job, _ in gate.batches[1]}) == 7  # all of them in one batch
+        for response, expected in zip(responses, alone, strict=True):
+            assert response.status_code == 200, response.text
+            got = response.json()["answers"]
+            assert got[1]["probability"] == pytest.approx(expected[1]["probability"], abs=1e-5)
+            assert [p["probability"] for p in got[0]["probabilities"]] == pytest.approx(
+                [p["probability"] for p in expected[0]["probabilities"]], abs=1e-5)
+    finally:
+        server.scheduler.executor.fault = None
         server.stop()
