@@ -119,3 +119,14 @@ def test_the_document_describes_the_server_as_loaded(model: str, embeds: bool, t
             {"$ref": "#/components/schemas/RerankRequest", "components": spec["components"]}).is_valid(body)
         response = httpx.post(server.url + "/v1/rerank", json=body, timeout=60)
         assert (response.status_code == 200) == valid, (body, valid, response.text)
+
+
+def test_instruct_is_in_the_document_where_a_prompt_template_fills_it(
+        tiny_model: Callable[[str], Path], server_for: Callable[..., RunningServer]) -> None:
+    server = server_for(tiny_model("qwen3-reranker"), prompt_template="qwen3-reranker", max_batch_tokens=4096)
+    schemas = httpx.get(server.url + "/openapi.json", timeout=10).json()["components"]["schemas"]
+    assert "instruct" in schemas["ScoreRequest"]["properties"] and "instruct" in schemas["RerankRequest"]["properties"]
+    assert schemas["ScoreRequest"]["anyOf"][1]["properties"]["instruct"] == {"type": "null"}  # not with token ids
+    response = httpx.post(server.url + "/v1/rerank", json={"query": "q", "documents": ["a", "b"], "instruct": "x"},
+                          timeout=60)
+    assert response.status_code == 200, response.text
