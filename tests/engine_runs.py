@@ -39,7 +39,7 @@ def outcomes(model: ScoringModel, requests: list[ScoreRequest] | list[ScoreReque
              max_batch_tokens: int = 1 << 20) -> list[Rows | Invalid]:
     """Every request planned like the server plans it (multi-item for decoders when `multi_item`, or as the request
     asks), the units of all that plan in one executor batch: each request's score rows (an embedding request's
-    vectors), or the 400 it got."""
+    vectors; with return_pooled_hidden_states, each row followed by its pooled state), or the 400 it got."""
     limits = Limits(max_batch_tokens=max_batch_tokens, multi_item=multi_item, delimiter=delimiter)
     results: list[Rows | Invalid] = []
     for job in score_now(Executor(model), [request.ask() for request in requests], limits):
@@ -47,7 +47,10 @@ def outcomes(model: ScoringModel, requests: list[ScoreRequest] | list[ScoreReque
             results.append(job)
         else:
             assert job.remaining == 0
-            results.append([list(row or []) for row in (job.pooled if job.embed else job.scores)])
+            rows = [list(row or []) for row in (job.pooled if job.embed else job.scores)]
+            if job.want_pooled and not job.embed:  # return_pooled_hidden_states: each row, then its pooled state
+                rows = [row + list(pooled or []) for row, pooled in zip(rows, job.pooled, strict=True)]
+            results.append(rows)
     return results
 
 

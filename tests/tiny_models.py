@@ -331,6 +331,33 @@ def build(name: TinyModel | str, out_dir: Path | str, variant: str | None = None
     return target
 
 
+def unembedded(name: TinyModel | str, out_dir: Path | str, tokens: tuple[str, ...] = ("<extra_tok>",)) -> Path:
+    """The tiny model `name` with `tokens` added to its tokenizer only, without resize_token_embeddings (a common
+    mistake in fine-tuned checkpoints): the tokenizer produces ids past the model's embedding rows."""
+    from transformers import AutoTokenizer
+
+    source = build(name, out_dir)
+    target = Path(out_dir) / f"{TinyModel(name).value}-unembedded"
+    if (target / "config.json").is_file():
+        return target
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        shutil.copytree(source, tmp, dirs_exist_ok=True)
+        tok = AutoTokenizer.from_pretrained(source)
+        tok.add_tokens(list(tokens))
+        tok.save_pretrained(tmp)
+        for path in [tmp, *tmp.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
 def build_all(out_dir: Path | str) -> dict[TinyModel, Path]:
     """Build every tiny model under `out_dir` (~ a few seconds in total)."""
     return {name: build(name, out_dir) for name in ALL_TINY_MODELS}

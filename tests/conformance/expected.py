@@ -92,14 +92,61 @@ def _text(subject: Subject, body: dict[str, Any]) -> list[Sequence]:
     return out
 
 
+def _cut_text(tokenizer: Any, text: str, keep: int, direction: str) -> str:
+    """`text` cut to `keep` of its own tokens, between tokens (docs/api.md "Long inputs"): right, just before the
+    first dropped token; left, from the first kept one."""
+    starts = [start for start, _ in tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)[
+        "offset_mapping"]]
+    if keep >= len(starts):
+        return text
+    if keep <= 0:
+        return ""
+    return text[:starts[keep]] if direction == "right" else text[starts[len(starts) - keep]:]
+
+
+def _shrunk(subject: Subject, text: str, over: int, direction: str, render: Any) -> tuple[list[int], str]:
+    """The whole prompt `render(cut text)` and the cut text: cut by as many tokens as the prompt is over the maximum,
+    and again while it is still over (the seams tokenize differently), down to no text."""
+    tokenizer, limit = subject.tokenizer, subject.max_positions
+    keep = len(tokenizer(text, add_special_tokens=False)["input_ids"]) - over
+    while True:
+        keep = max(0, keep)
+        cut = _cut_text(tokenizer, text, keep, direction)
+        prompt = list(tokenizer(render(cut))["input_ids"])
+        if len(prompt) <= limit or keep == 0:
+            return prompt, cut
+        keep -= len(prompt) - limit
+
+
 def _template(subject: Subject, body: dict[str, Any]) -> list[Sequence]:
-    """Whole prompts, tokenized whole."""
-    assert subject.template is not None
-    rows = [list(subject.tokenizer(subject.template.render(body["query"], item, body.get("instruct")))["input_ids"])
-            for item in body["items"]]
-    if any(len(row) > subject.max_positions for row in rows):
-        raise _TooLong("prompt")
-    return [(row, None) for row in rows]
+    """Whole prompts, tokenized whole; long texts cut as text between their own tokens, and the prompt rendered and
+    tokenized whole again (docs/api.md "Long inputs": decoders with a prompt template). The query is cut only when
+    the prompt with an empty item cannot fit."""
+    template, tokenizer, limit = subject.template, subject.tokenizer, subject.max_positions
+    assert template is not None
+    instruct, direction = body.get("instruct"), body.get("truncation_direction", "right")
+    cap, truncate = body.get("max_tokens_per_item"), body.get("truncate", False)
+    query = body["query"]
+    empty = list(tokenizer(template.render(query, "", instruct))["input_ids"])
+    if len(empty) > limit:
+        if not truncate:
+            raise _TooLong("query with the prompt template")
+        prompt, query = _shrunk(subject, query, len(empty) - limit, direction,
+                                lambda text: template.render(text, "", instruct))
+        if len(prompt) > limit:
+            raise _TooLong("the prompt template alone")
+    rows: list[Sequence] = []
+    for item in body["items"]:
+        if cap is not None:
+            item = _cut_text(tokenizer, item, cap, direction)
+        whole = list(tokenizer(template.render(query, item, instruct))["input_ids"])
+        if len(whole) > limit:
+            if not truncate:
+                raise _TooLong("prompt")
+            whole, _ = _shrunk(subject, item, len(whole) - limit, direction,
+                               lambda text: template.render(query, text, instruct))
+        rows.append((whole, None))
+    return rows
 
 
 def _token_types(subject: Subject) -> bool:
@@ -132,11 +179,19 @@ def expected(subject: Subject, body: dict[str, Any]) -> Outcome:
         return Refused(f"too long: {error}")
     if any(not ids for ids, _ in sequences):
         return Refused("empty sequence")
+    if any(token >= subject.vocab_size for ids, _ in sequences for token in ids):  # transformers cannot read it
+        return Refused("a token past the embedding rows")
     softmax, temperature = body.get("apply_softmax", False), body.get("temperature", 1.0)
     if subject.kind == "causal_lm":
+        if body.get("return_pooled_hidden_states"):
+            return Refused("return_pooled_hidden_states on a causal LM")
         labels = body.get("label_token_ids") or subject.engine.default_labels
         if softmax and len(labels) == 1:  # every item would score 1.0: docs/api.md says this is refused
             return Refused("a single label token under apply_softmax")
         return [reference.causal_lm_scores(subject.hf, ids, labels, softmax, temperature) for ids, _ in sequences]
     logits = [reference.classifier_scores(subject.hf, ids, types, False) for ids, types in sequences]
-    return [_probabilities(subject, row, temperature) for row in logits] if softmax else logits
+    rows = [_probabilities(subject, row, temperature) for row in logits] if softmax else logits
+    if body.get("return_pooled_hidden_states"):  # each row, then the hidden state the head read
+        rows = [row + reference.classifier_pooled(subject.hf, ids, types)
+                for row, (ids, types) in zip(rows, sequences, strict=True)]
+    return rows

@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 def _text(subject: Subject, max_words: int) -> st.SearchStrategy[str]:
     pieces = st.one_of(st.sampled_from(subject.words), st.sampled_from(subject.specials))
+    if subject.unembedded:  # tokens past the embedding rows: often enough that a few examples meet one
+        pieces = st.one_of(pieces, st.sampled_from(subject.unembedded))
     separator = st.sampled_from([" ", " ", ""])
     words = st.lists(pieces, max_size=max_words)
     repeated = st.tuples(st.lists(pieces, min_size=1, max_size=3), st.integers(1, max(1, 2 * max_words))).map(
@@ -45,14 +47,15 @@ def score_body(draw: st.DrawFn, subject: Subject, multi_item: bool = True, text_
     if subject.template is not None:
         if draw(st.booleans()):
             body["instruct"] = draw(_text(subject, 6))
-    else:
-        if variant.kind != "embedding" and draw(st.booleans()):
-            body["item_first"] = True
-        if draw(st.booleans()):
-            body["truncate"] = True
-            body["truncation_direction"] = draw(st.sampled_from(["left", "right"]))
-        if draw(st.integers(0, 3)) == 0:
-            body["max_tokens_per_item"] = draw(st.integers(1, limit))
+    elif variant.kind != "embedding" and draw(st.booleans()):
+        body["item_first"] = True
+    if draw(st.booleans()):  # behind a prompt template too: texts cut between their own tokens
+        body["truncate"] = True
+        body["truncation_direction"] = draw(st.sampled_from(["left", "right"]))
+    if draw(st.integers(0, 3)) == 0:
+        body["max_tokens_per_item"] = draw(st.integers(1, limit))
+    if variant.kind != "embedding" and draw(st.integers(0, 3)) == 0:  # a causal LM's is refused (docs/api.md)
+        body["return_pooled_hidden_states"] = True
     if variant.kind != "embedding" and draw(st.booleans()):
         body["apply_softmax"] = True
         body["temperature"] = draw(st.sampled_from([1.0, 0.5, 3.0]))

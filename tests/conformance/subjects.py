@@ -7,7 +7,7 @@ CrossEncoder for cross-encoders' /v1/rerank), transformers' text-classification 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ class Subject:
     words: list[str]
     specials: list[str]
     sentence_transformer: Any = None  # embedding models
+    unembedded: list[str] = field(default_factory=list)  # tokens the tokenizer has and the embeddings do not
 
     @property
     def kind(self) -> str:
@@ -84,6 +85,8 @@ def _subject(variant: Variant, out_dir: Path) -> Subject:
     subject = Subject(variant, path, engine, hf, tokenizer, template, limit, room,
                       hf.get_input_embeddings().num_embeddings,
                       output.weight.shape[0] if output is not None else 0, words, specials)
+    subject.unembedded = sorted(str(token) for token_id, token in tokenizer.added_tokens_decoder.items()
+                                if token_id >= subject.vocab_size)
     if variant.kind == "embedding":
         from sentence_transformers import SentenceTransformer
 

@@ -54,6 +54,9 @@ class Variant:
     template: str | None = None  # --prompt-template (decoders)
     positions: int | None = None  # max_position_embeddings, when the default of its kind is too short
     activation: str | None = None  # a torch.nn activation, saved by CrossEncoder 6.x (config_sentence_transformers)
+    # Tokens added to the tokenizer only (no resize_token_embeddings): ids past the embedding rows, which the server
+    # refuses with a 400 wherever a request's text reaches one (issue 35).
+    unembedded: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -79,7 +82,30 @@ class Variant:
             from sentence_transformers import CrossEncoder
 
             CrossEncoder(str(path), device="cpu", activation_fn=getattr(torch.nn, self.activation)()).save(str(path))
+        if self.unembedded:
+            path = _with_unembedded_tokens(path, self.unembedded)
         return path
+
+
+def _with_unembedded_tokens(source: Path, tokens: tuple[str, ...]) -> Path:
+    """A copy of `source` whose tokenizer has `tokens` added, its embeddings left as they are."""
+    import shutil
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    target = source.with_name(source.name + "-unembedded")
+    if not (target / "config.json").is_file():
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        shutil.copytree(source, tmp, dirs_exist_ok=True)
+        tok = AutoTokenizer.from_pretrained(source)
+        tok.add_tokens(list(tokens))
+        tok.save_pretrained(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
 
 
 @dataclass(frozen=True)
@@ -161,5 +187,11 @@ VARIANTS: list[Variant] = [
     Variant(T.XLMR_CROSS, "tanh-legacy", {"sbert_ce_default_activation_function": "torch.nn.modules.activation.Tanh"}),
     Variant(T.ROBERTA_CROSS, "multilabel", {"problem_type": "multi_label_classification"}),
     Variant(T.QWEN3_CLS3, "multilabel", {"problem_type": "multi_label_classification"}),
+    # Tokenizers larger than the embedding matrix: a decoder classifier, a causal LM and a cross-encoder.
+    Variant(T.QWEN3_CLS3, "oversized", unembedded=("<extra_tok>",)),
+    Variant(T.QWEN3_CAUSAL, "oversized", unembedded=("<extra_tok>", "<more_tok>"), positions=TEMPLATE_MAX),
+    # Decisions (a chat template's prompt is long): Gemma2's soft-capping and windows behind one.
+    Variant(T.GEMMA2_CAUSAL, "decisions", {"sliding_window": WINDOW}, positions=TEMPLATE_MAX),
+    Variant(T.BERT_CROSS, "oversized", unembedded=("[EXTRA]",)),
 ]
 SENTENCE_VARIANTS: list[SentenceVariant] = [_sentence(name) for name in st_variants.VARIANTS]

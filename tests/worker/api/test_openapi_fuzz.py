@@ -41,11 +41,12 @@ def cases(output: str) -> int:
     return int(match[1])
 
 
-@pytest.mark.parametrize("model", ["qwen3-cls3", "qwen3-causal"])
+@pytest.mark.parametrize("model", ["qwen3-cls3", "qwen3-causal", "bert-cross"])
 def test_every_check_passes(model: str, tiny_model: Callable[[str], Path],
                             server_for: Callable[..., RunningServer]) -> None:
-    """On the causal LM schemathesis also warns that most generated bodies are refused: they lack label_token_ids,
-    which only a causal LM needs (the hooks accept that reason, and only reasons of that kind)."""
+    """A decoder classifier, a causal LM with the decision routes and a cross-encoder. On the causal LM schemathesis
+    also warns that most generated bodies are refused: they lack label_token_ids, which only a causal LM needs (the
+    hooks accept that reason, and only reasons of that kind)."""
     server = server_for(tiny_model(model), max_items_per_request=64)
     paths = httpx.get(server.url + "/openapi.json", timeout=10).json()["paths"]
     scoring = [path for path in paths if "post" in paths[path]]  # the routes this model serves
@@ -95,6 +96,13 @@ def test_the_document_describes_the_server_as_loaded(model: str, embeds: bool, t
     server = server_for(tiny_model(model), max_items_per_request=64)
     spec = httpx.get(server.url + "/openapi.json", timeout=10).json()
     assert ("/v1/embeddings" in spec["paths"]) == embeds
+    schemas = spec["components"]["schemas"]
+    rows = httpx.get(server.url + "/v1/models", timeout=10).json()["data"][0]
+    assert "instruct" not in schemas["ScoreRequest"]["properties"]  # no prompt template: nothing to fill
+    assert "instruct" not in schemas["RerankRequest"]["properties"]
+    bound = schemas["ScoreRequest"]["properties"]["query"]["anyOf"][0]["oneOf"][1]["items"]["maximum"]
+    assert server.score(query=[bound], items=[[bound]]).status_code == 200, rows  # the largest id the document allows
+    assert server.score(query=[bound + 1], items=[[5]]).status_code == 400  # and the first it refuses
     if embeds:
         return  # an embedding model embeds every sequence alone: its empty sequences are not described
     bodies = [{"query": "", "items": [""]}, {"items": ["", "a"]}, {"query": None, "items": ""},
@@ -111,3 +119,14 @@ def test_the_document_describes_the_server_as_loaded(model: str, embeds: bool, t
             {"$ref": "#/components/schemas/RerankRequest", "components": spec["components"]}).is_valid(body)
         response = httpx.post(server.url + "/v1/rerank", json=body, timeout=60)
         assert (response.status_code == 200) == valid, (body, valid, response.text)
+
+
+def test_instruct_is_in_the_document_where_a_prompt_template_fills_it(
+        tiny_model: Callable[[str], Path], server_for: Callable[..., RunningServer]) -> None:
+    server = server_for(tiny_model("qwen3-reranker"), prompt_template="qwen3-reranker", max_batch_tokens=4096)
+    schemas = httpx.get(server.url + "/openapi.json", timeout=10).json()["components"]["schemas"]
+    assert "instruct" in schemas["ScoreRequest"]["properties"] and "instruct" in schemas["RerankRequest"]["properties"]
+    assert schemas["ScoreRequest"]["anyOf"][1]["properties"]["instruct"] == {"type": "null"}  # not with token ids
+    response = httpx.post(server.url + "/v1/rerank", json={"query": "q", "documents": ["a", "b"], "instruct": "x"},
+                          timeout=60)
+    assert response.status_code == 200, response.text

@@ -4,7 +4,10 @@ document calls valid can be served by this model:
 - /v1/embeddings is listed only when the model is an embedding model, /v1/decisions and /v1/systemone only when it
   is a causal LM (api/routes/decisions.SERVED_KINDS);
 - where a query and an item can both be empty and then make a sequence of no tokens (token ids, always; text, on a
-  decoder whose tokenizer adds no special tokens and with no prompt template), the request schema says `not` that.
+  decoder whose tokenizer adds no special tokens and with no prompt template), the request schema says `not` that;
+- token ids are bounded by the model's embedding rows (query, items, /v1/embeddings input) and, on a causal LM,
+  label tokens by its output rows (elsewhere they are ignored, any id is accepted);
+- `instruct` (/v1/score, /v1/rerank, /v2/rerank) is left out where no prompt template has an {instruct} to fill.
 Until the model has loaded the document is not cached (it cannot say all this yet).
 """
 
@@ -47,12 +50,45 @@ def _empty_pairs(model: ScoringModel) -> tuple[dict[str, Any], dict[str, Any]]:
     return {"not": {"anyOf": [text, ids]}}, {"not": rerank}
 
 
+def _bound_ids(node: Any, maximum: int) -> None:
+    """Every token id (a non-negative integer) under `node` bounded by `maximum`."""
+    if isinstance(node, dict):
+        if node.get("type") == "integer" and node.get("minimum") == 0:
+            node["maximum"] = maximum
+        for value in node.values():
+            _bound_ids(value, maximum)
+    elif isinstance(node, list):
+        for value in node:
+            _bound_ids(value, maximum)
+
+
+def _token_ids(schemas: dict[str, Any], model: ScoringModel) -> None:
+    rows = model.vocabulary.input_rows if model.vocabulary is not None else \
+        model.model.get_input_embeddings().num_embeddings
+    score = schemas["ScoreRequest"]["properties"]
+    for ids in (score["query"], score["items"], schemas["EmbeddingRequest"]["properties"]["input"]):
+        _bound_ids(ids, rows - 1)
+    if model.kind == ModelKind.CAUSAL_LM:
+        _bound_ids(score["label_token_ids"], model.logit_size - 1)
+
+
+def _instruct(schemas: dict[str, Any], model: ScoringModel) -> None:
+    if model.template is not None and model.template.has_instruct:
+        return
+    for name in ("ScoreRequest", "RerankRequest"):
+        schemas[name]["properties"].pop("instruct", None)
+    for branch in schemas["ScoreRequest"].get("anyOf", []):
+        branch.get("properties", {}).pop("instruct", None)
+
+
 def _describe_the_model(schema: dict[str, Any], model: ScoringModel) -> None:
     if model.kind != ModelKind.EMBEDDING:
         schema["paths"].pop("/v1/embeddings", None)
     if model.kind not in SERVED_KINDS:
         for path in (DECISIONS, SYSTEMONE):
             schema["paths"].pop(path, None)
+    _token_ids(schema["components"]["schemas"], model)
+    _instruct(schema["components"]["schemas"], model)
     score, rerank = _empty_pairs(model)
     schema["components"]["schemas"]["ScoreRequest"].update(score)
     schema["components"]["schemas"]["RerankRequest"].update(rerank)

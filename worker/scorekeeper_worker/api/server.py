@@ -38,7 +38,12 @@ from scorekeeper_worker.api.routes.decisions import add_routes as add_decision_r
 from scorekeeper_worker.api.routes.embeddings import embed
 from scorekeeper_worker.api.routes.embeddings import response as embedding_response
 from scorekeeper_worker.api.routes.rerank import rerank
-from scorekeeper_worker.api.termination import EXIT_LOAD_FAILED, failure_reason, write_termination_message
+from scorekeeper_worker.api.termination import (
+    EXIT_DEVICE_LOST,
+    EXIT_LOAD_FAILED,
+    failure_reason,
+    write_termination_message,
+)
 from scorekeeper_worker.api.wire.compat import (
     EmbeddingRequest,
     EmbeddingResponse,
@@ -64,6 +69,13 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
     metrics.configure(config)
     service = ScoringService(config, metrics)
     drain = Drain()
+
+    def on_failure(reason: str) -> None:  # `run` sets the hook: write the termination message, stop the server
+        hook: Callable[[str], None] | None = getattr(app.state, "on_load_failure", None)
+        if hook is not None:
+            hook(reason)
+
+    service.on_failure = on_failure
     gc_pauses = GcPauseObserver(metrics.gc_pauses)
     keys = ApiKeys(config.api_key_file) if config.api_key_file is not None else None
 
@@ -81,9 +93,7 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
             except Exception as error:  # never ready; `run` writes the reason and exits non-zero
                 service.fail(failure_reason(config.model, error))
                 log.exception("model failed to load")
-                on_failure: Callable[[str], None] | None = getattr(app.state, "on_load_failure", None)
-                if on_failure is not None:
-                    on_failure(service.failure or "")
+                on_failure(service.failure or "")
 
         gc_pauses.install()
         loader = threading.Thread(target=load, name="scorekeeper-load", daemon=True)
@@ -208,7 +218,8 @@ def run(config: WorkerConfig) -> None:
     server.config.app.state.on_load_failure = on_load_failure
     server.run()
     if service.failed:
-        log.error("exiting with status %d: %s", EXIT_LOAD_FAILED, service.failure)
-        sys.exit(EXIT_LOAD_FAILED)
+        status = EXIT_DEVICE_LOST if service.device_lost else EXIT_LOAD_FAILED
+        log.error("exiting with status %d: %s", status, service.failure)
+        sys.exit(status)
     if not server.started:
         sys.exit(STARTUP_FAILURE)

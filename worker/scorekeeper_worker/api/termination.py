@@ -9,6 +9,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 EXIT_LOAD_FAILED = 3  # 1 is an unexpected crash, 2 a command-line error (argparse)
+EXIT_DEVICE_LOST = 4  # the accelerator failed while serving (a sticky CUDA error): a restart recovers it
 MESSAGE_LIMIT = 4096  # bytes the kubelet keeps of a termination message
 
 

@@ -57,6 +57,13 @@ class NotReady(ScoringError):
     """The model is loading or warming up, or the worker is draining."""
 
 
+class DeviceLost(NotReady):
+    """A forward left the accelerator unusable (a CUDA error is sticky): the worker stops being ready and exits so
+    that it is restarted; every request in flight gets this (503 with Retry-After: another replica can serve it)."""
+
+    cancelled = "device_lost"
+
+
 class Timeout(ScoringError):
     """The request ran past its deadline (--request-timeout-seconds); its remaining work is dropped."""
 

@@ -23,7 +23,7 @@ TOKEN_BUCKETS = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 STAGES = ("tokenize", "queue", "forward", "scoring", "serialize", "end_to_end")
 REJECTIONS = ("queue_full", "body_too_large", "request_tokens", "response_bytes")
-CANCELLATIONS = ("disconnect", "timeout")
+CANCELLATIONS = ("disconnect", "timeout", "device_lost")
 SIZE_CLASSES = ("small", "medium", "large")  # queue wait by request size (`size_class`)
 DECISION_TYPES = ("predicate", "yes_no", "choice", "score")  # planning.decision_prompts.QuestionKind
 
@@ -56,6 +56,10 @@ class WorkerMetrics:
                                 ["reason"], registry=r)
         self.cancelled = Counter("scorekeeper_cancelled_requests_total",
                                  "Admitted requests whose remaining work was dropped", ["reason"], registry=r)
+        self.isolated_failures = Counter(
+            "scorekeeper_isolated_failures_total", "Requests failed alone by an error of their forward (the other "
+            "requests of the batch were served), by cause: the exception's type; device_lost when the error made the "
+            "accelerator unusable and every open request got 503", ["cause"], registry=r)
         self.queue_wait_seconds = Histogram("scorekeeper_queue_wait_seconds",
                                             "Admission to first batch, by request size (planned tokens against "
                                             "the batch budget)", ["size"], buckets=STAGE_BUCKETS, registry=r)

@@ -44,6 +44,7 @@ from scorekeeper_worker.model.support import (
 )
 from scorekeeper_worker.model.templates.prompt_template import PromptTemplate
 from scorekeeper_worker.model.templates.special_tokens import PairLayout, SpecialTokens, pair_layout, special_tokens
+from scorekeeper_worker.model.vocabulary import Vocabulary, check_specials, vocabulary
 
 __all__ = ["HeadModules", "ModelKind", "Pooling", "ScoringModel", "load_model"]
 log = logging.getLogger(__name__)
@@ -83,6 +84,8 @@ class ScoringModel:
     rope: RopeTables = field(default_factory=RopeTables)  # the RoPE table of each sequence length (model/rope.py)
     # Decoder classifiers: the head reads the last token that is not this id (transformers' config.pad_token_id).
     classifier_pad: int | None = None
+    # The tokenizer's ids against the embedding rows (model/vocabulary.py); None: not compared (a test's model).
+    vocabulary: Vocabulary | None = None
     selects_rows: bool = False  # the trunk can stop computing unpooled rows after the last attention (pooled_rows.py)
     # Set by the service from --prompt-template / --label-tokens (decoders): the prompt every text pair is wrapped
     # in, and the label tokens a request that sends none gets.
@@ -202,6 +205,10 @@ def load_model(path: Path, dtype: DType, device: str, name: str) -> ScoringModel
     max_positions = config.max_position_embeddings - offset
     if sentence_config.max_seq_length is not None:  # sentence-transformers cuts every text there
         max_positions = min(max_positions, sentence_config.max_seq_length)
+    specials = special_tokens(tokenizer)
+    pair = pair_layout(tokenizer) if kind.kind == ModelKind.CROSS_ENCODER else None
+    vocab = vocabulary(tokenizer, model.get_input_embeddings().num_embeddings)
+    check_specials(vocab, specials, pair)
     log.info("loaded %s (%s, %s pooling) from %s; dtype %s (%s)", type(model).__name__, kind.kind, pooling, path,
              dtype_name(choice.dtype), choice.reason)
     return ScoringModel(
@@ -218,13 +225,14 @@ def load_model(path: Path, dtype: DType, device: str, name: str) -> ScoringModel
         position_start=offset,
         uses_token_types=getattr(config, "type_vocab_size", 0) > 1,
         pooling=pooling,
-        specials=special_tokens(tokenizer),
+        specials=specials,
         support=arch,
         pre_head=_modules(model, kind.pre_head),
         head=_modules(model, kind.head),
-        pair=pair_layout(tokenizer) if kind.kind == ModelKind.CROSS_ENCODER else None,
+        pair=pair,
         sentence_config=sentence_config,
         rope=tables,
         classifier_pad=config.pad_token_id if kind.kind == ModelKind.CLASSIFIER else None,
         selects_rows=selects_rows,
+        vocabulary=vocab,
     )

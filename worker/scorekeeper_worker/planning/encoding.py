@@ -106,7 +106,8 @@ def fit_item(ids: list[int], room: int, limit: int, rules: LengthRules, where: s
     raise too_long(where, len(ids) + limit - room - clipped, limit, TRUNCATE_HINT, clipped)
 
 
-def _vocab_check(model: ScoringModel, sequences: list[list[int]], field_name: str) -> None:
+def check_token_ids(model: ScoringModel, sequences: list[list[int]], field_name: str) -> None:
+    """Token-id inputs against the embedding rows (the OpenAPI document bounds them the same way)."""
     size = model.model.get_input_embeddings().num_embeddings
     for seq in sequences:
         for token in seq:
@@ -159,8 +160,8 @@ def plain_tokens(model: ScoringModel, query: str | list[int], items: list[str] |
     """`keep_first`: the items' leading tokens that max_item_tokens does not count (their embedding prompt's)."""
     if isinstance(query, list):  # token ids are used verbatim
         token_items = [list(item) for item in items]  # type: ignore[arg-type]
-        _vocab_check(model, [query], "query")
-        _vocab_check(model, token_items, rules.field)
+        check_token_ids(model, [query], "query")
+        check_token_ids(model, token_items, rules.field)
         return Inputs(list(query), token_items, verbatim=True)
     texts: list[str] = [query, *items]  # type: ignore[list-item]
     query_need, item_need = _needs(model.max_positions, rules, keep_first)

@@ -20,6 +20,7 @@ from scorekeeper_worker.model.templates.decision_template import DecisionTemplat
 from scorekeeper_worker.planning import decision_plan, decision_prompts
 from scorekeeper_worker.planning.decision_prompts import DecisionAsk
 from scorekeeper_worker.planning.encoding import too_long
+from scorekeeper_worker.planning.readable_ids import check_rows
 from scorekeeper_worker.serving.served import Served, run_job
 
 if TYPE_CHECKING:
@@ -86,7 +87,13 @@ def _prepare(config: WorkerConfig, model: ScoringModel, template: DecisionTempla
     own = [len(ids) for ids in decision_prompts.token_lists(
         model, [decision_prompts.question_text(question) for question in ask.questions])]
     decision_plan.admit_early(input_tokens, own, multi_item, config.max_request_tokens)
+    for question, ids in zip(ask.questions, options, strict=True):  # predicted by the output rows, read as inputs
+        check_rows(model, ids, [f"{question.field}: option {o.name!r}" for o in question.options], [],
+                   model.logit_size)
     tokens = decision_prompts.tokenize(model, template, ask, options)
+    texts = [("input", m.content) for m in ask.messages]
+    for question, prompt in zip(ask.questions, tokens.prompts, strict=True):
+        check_rows(model, [prompt], [question.field], texts)
     plan = decision_plan.plan(model, tokens, [q.field for q in ask.questions], multi_item, config.max_batch_tokens,
                               config.max_request_tokens)
     job = DecisionJob(questions=decision_plan.questions(tokens), targets=plan.targets,

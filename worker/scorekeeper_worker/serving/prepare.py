@@ -12,7 +12,9 @@ from scorekeeper_worker.base.errors import Invalid, ResponseTooLarge
 from scorekeeper_worker.engine.queue.jobs import JobResult, ScoreJob
 from scorekeeper_worker.model.loader import ModelKind, ScoringModel
 from scorekeeper_worker.planning.ask import ScoreAsk
+from scorekeeper_worker.planning.encoding import check_token_ids
 from scorekeeper_worker.planning.planner import ScorePlan, plan, tokenize
+from scorekeeper_worker.planning.readable_ids import check_rows
 from scorekeeper_worker.planning.token_budget import refuse_early
 
 # An upper bound of the JSON a response takes: the longest float Python writes ("-1.2345678901234567e-308") and its
@@ -101,6 +103,8 @@ def check(model: ScoringModel, ask: ScoreAsk, limits: Limits) -> list[list[int]]
     if len(ask.items) > limits.max_items:
         raise Invalid(f"{ask.rules.field}: {len(ask.items)} items exceed the limit of {limits.max_items}")
     labels = label_lists(model, ask, len(ask.items))
+    if isinstance(ask.query, list) and not ask.items:  # nothing is tokenized then, but the ids are still read
+        check_token_ids(model, [ask.query], "query")
     if ask.return_pooled_hidden_states:
         if model.kind == ModelKind.CAUSAL_LM:
             raise Invalid("return_pooled_hidden_states is not supported for causal LM models; it needs a "
@@ -117,6 +121,13 @@ def prepare(model: ScoringModel, ask: ScoreAsk, labels: list[list[int]] | None, 
     text request is tokenized whole (issue 26), then exactly on the plan."""
     refuse_early(model, ask.query, ask.items, ask.rules, limits.max_request_tokens)
     tokens = tokenize(model, ask)
+    vocab = model.vocabulary  # fields only: the usual model, every id with a row, never enters readable_ids.py
+    if ask.text and vocab is not None and vocab.tokenizer_ids > vocab.input_rows:  # ids: checked as read
+        field = ask.rules.field
+        texts = [("query", ask.query), *((f"{field}[{i}]", item) for i, item in enumerate(ask.items)),
+                 *([("instruct", ask.instruct)] if ask.instruct else [])]
+        check_rows(model, [tokens.query, *tokens.items], ["query", *(f"{field}[{i}]" for i in tokens.rows_of)],
+                   texts)  # type: ignore[arg-type]
     multi_item = model.is_decoder and (ask.multi_item_scoring if ask.multi_item_scoring is not None
                                        else limits.multi_item)
     score_plan = plan(model, ask, tokens, multi_item, limits.max_batch_tokens, limits.delimiter,

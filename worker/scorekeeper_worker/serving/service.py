@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
 from scorekeeper_worker.base.config import WorkerConfig
-from scorekeeper_worker.base.errors import NotReady, Timeout
+from scorekeeper_worker.base.errors import DeviceLost, NotReady, Timeout
 from scorekeeper_worker.base.metrics import WorkerMetrics
 from scorekeeper_worker.engine.queue.jobs import JobResult
 from scorekeeper_worker.engine.queue.scheduler import Scheduler
@@ -46,9 +46,12 @@ class ScoringService:
         self.served: Served | None = None
         self.failed = False
         self.failure: str | None = None  # why loading failed: one paragraph, for the log and the termination message
+        self.device_lost = False  # the accelerator failed while serving: the worker must exit and be restarted
+        self.on_failure: Callable[[str], None] | None = None  # the server's: write the reason, stop, exit non-zero
 
     def serve(self, served: Served) -> None:
         """Start answering requests on a loaded, self-checked model whose model thread runs."""
+        served.scheduler.on_device_lost = self._device_lost
         self.served = served
         self.metrics.ready.set(1)
         log.info("ready: %s", served.model.name)
@@ -56,9 +59,18 @@ class ScoringService:
     def fail(self, failure: str) -> None:
         self.failed, self.failure = True, failure
 
+    def _device_lost(self, lost: DeviceLost) -> None:
+        """The model thread's news that the device is unusable: not ready (and not alive) from now on, and the
+        server told to exit so that Kubernetes restarts the container (a CUDA context cannot be recovered)."""
+        self.device_lost = True
+        self.fail(f"model {self.config.model} stopped serving: {lost.message}")
+        self.metrics.ready.set(0)
+        if self.on_failure is not None:
+            self.on_failure(self.failure or "")
+
     @property
     def ready(self) -> bool:
-        return self.served is not None
+        return self.served is not None and not self.failed
 
     @property
     def model(self) -> ScoringModel | None:
@@ -73,7 +85,10 @@ class ScoringService:
         return self.served.decision_template if self.served is not None else None
 
     def loaded(self) -> Served:
-        """The served model, or 503 while it loads."""
+        """The served model, or 503 while it loads (or once its device is lost)."""
+        if self.failed:
+            raise DeviceLost(self.failure or "the worker is restarting") if self.device_lost else NotReady(
+                self.failure or "model failed to load")
         if self.served is None:
             raise NotReady("model is loading")
         return self.served

@@ -91,13 +91,24 @@ class DecisionJob(Pending[DecisionResult]):
 
     questions: list[QuestionOptions]
     targets: list[RowTarget]
-    totals: list[list[float]] = field(default_factory=list)  # per question, per option: the log-probability so far
+    # What each absorbed row contributed, by slot: written, never added to, so that a batch retried after a failure
+    # (engine/queue/isolation.py) absorbs the same rows again without counting them twice.
+    first: dict[int, tuple[int, list[float]]] = field(default_factory=dict)  # slot → (question, per-option term)
+    later: dict[int, float] = field(default_factory=dict)  # slot → log p of its option's token
 
-    def __post_init__(self) -> None:
-        self.totals = [[0.0] * len(question.options) for question in self.questions]
+    @property
+    def totals(self) -> list[list[float]]:
+        """Per question, per option: the log-probability from every row absorbed so far."""
+        totals = [[0.0] * len(question.options) for question in self.questions]
+        for question, row in self.first.values():
+            totals[question] = [total + value for total, value in zip(totals[question], row, strict=True)]
+        for slot, value in self.later.items():
+            target = self.targets[slot]
+            totals[target.question][target.option] += value
+        return totals
 
     def absorb(self, model: ScoringModel, slots: list[int], rows: torch.Tensor, copies: CopyStats) -> None:
-        """Add this job's rows of one batch to its questions' option log-probabilities."""
+        """Take this job's rows of one batch: each row's term of its question's option log-probabilities."""
         features = heads.pre_head(model, rows.to(model.dtype))
         targets = [self.targets[slot] for slot in slots]
         ends: dict[int, list[int]] = {}  # question rows, grouped by their number of options
@@ -110,14 +121,14 @@ class DecisionJob(Pending[DecisionResult]):
                                   device=features.device)
             # log of the softmax over the first tokens: the first term up to a constant per question
             first = heads.causal_lm_scores(model, features[positions], labels, True, 1.0)
-            for q, row in zip(questions, first.log().tolist(), strict=True):
-                self.totals[q] = [total + value for total, value in zip(self.totals[q], row, strict=True)]
+            for at, q, row in zip(positions, questions, first.log().tolist(), strict=True):
+                self.first[slots[at]] = (q, row)
         later = [at for at, target in enumerate(targets) if target.option >= 0]
         if later:
             tokens = torch.tensor([self.questions[targets[at].question].options[targets[at].option][targets[at].token]
                                    for at in later], device=features.device)
             for at, value in zip(later, token_log_probs(model, features[later], tokens).tolist(), strict=True):
-                self.totals[targets[at].question][targets[at].option] += value
+                self.later[slots[at]] = value
         self.remaining -= len(slots)
 
     def probabilities(self) -> list[list[float]]:

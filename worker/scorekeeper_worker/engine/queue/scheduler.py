@@ -3,8 +3,12 @@
 Admission: a request is admitted while the queued tokens stay within `max_queue_tokens`, or into an empty queue
 (every request is already under `--max-request-tokens`, checked when it is planned); else `Overloaded` → 429.
 Batches are filled fairly across open requests (`engine/queue/batching.py`), so one request never holds the model
-for others. A request that is cancelled (client gone, timeout) or whose batch failed loses its queued units at once;
-units already in the running batch finish and their rows are discarded."""
+for others. A request that is cancelled (client gone, timeout) or that failed loses its queued units at once; units
+already in the running batch finish and their rows are discarded.
+
+A forward that raises fails only the request behind it (`engine/queue/isolation.py`: the batch is split by request
+until it is found). An error that poisons the device fails every open request with `DeviceLost` (503, retry
+elsewhere), refuses new ones, ends the model thread and tells `on_device_lost` (the service: not ready, exit)."""
 
 from __future__ import annotations
 
@@ -16,9 +20,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from scorekeeper_worker.base.errors import Overloaded
+from scorekeeper_worker.base.errors import DeviceLost, Overloaded
 from scorekeeper_worker.base.metrics import WorkerMetrics, size_class
 from scorekeeper_worker.engine.queue.batching import OpenRequest, arrival_turn, take_batch
+from scorekeeper_worker.engine.queue.isolation import DevicePoisoned, run_isolated
 from scorekeeper_worker.engine.queue.jobs import Job
 from scorekeeper_worker.engine.runner.executor import BatchStats, Executor
 from scorekeeper_worker.engine.runner.packing import PackUnit
@@ -45,6 +50,8 @@ class Scheduler:
         self.max_queue_tokens = max_queue_tokens
         self.metrics = metrics
         self.observer: BatchObserver | None = None
+        self.on_device_lost: Callable[[DeviceLost], None] | None = None  # called once, on the model thread
+        self.lost: DeviceLost | None = None  # set when the device is poisoned: every request from then on fails
         self._waiting: list[OpenRequest] = []  # requests with queued units, in turn order
         self._queued_tokens = 0
         self._open = 0  # admitted and not finished
@@ -72,6 +79,8 @@ class Scheduler:
         tokens = plan.prompt_tokens
         request = OpenRequest(job, deque(plan.units), tokens, size_class(tokens, self.max_batch_tokens))
         with self._cond:
+            if self.lost is not None:
+                raise self.lost
             if self._stopping:
                 raise Overloaded("shutting down")
             if self._queued_tokens and self._queued_tokens + tokens > self.max_queue_tokens:
@@ -134,22 +143,52 @@ class Scheduler:
             self._started(requests)
             if self.observer is not None:
                 self.observer([(request.job, unit) for request, unit in batch])
+            before = [request.job.remaining for request in requests]
+            failed: list[tuple[OpenRequest, Exception]] = []
             try:
-                stats = self.executor.run([(request.job, unit) for request, unit in batch])
-            except Exception as error:  # a failing batch fails its requests, never the server
-                log.exception("batch of %d units failed", len(batch))
-                with self._cond:
-                    for request in requests:
-                        if not request.closed:
-                            request.job.fail(error)
-                        self._close(request)
-                continue
-            self._observe(stats, len(requests))
+                ran = [self._run(batch)]
+            except Exception as error:  # one request's error (or the device's): found by splitting the batch
+                try:
+                    outcome = run_isolated(self._run, batch, lambda request: request.job, error, before)
+                except DevicePoisoned as poisoned:
+                    self._lose_device(poisoned, requests)
+                    return
+                ran, failed = outcome.stats, outcome.failed
             with self._cond:
+                for request, error in failed:  # that request alone: its error, and its queued units dropped
+                    log.error("request failed in the forward (%s); the other %d request(s) of its batch are served",
+                              type(error).__name__, len(requests) - 1, exc_info=error)
+                    self.metrics.isolated_failures.labels(type(error).__name__).inc()
+                    if not request.closed:
+                        request.job.fail(error)
+                    self._close(request)
                 for request in requests:
                     if request.job.remaining == 0 and not request.closed:
                         request.job.finish()
                         self._close(request)
+            for stats in ran:
+                self._observe(stats, len(requests))
+
+    def _run(self, batch: list[tuple[OpenRequest, PackUnit]]) -> BatchStats:
+        return self.executor.run([(request.job, unit) for request, unit in batch])
+
+    def _lose_device(self, poisoned: DevicePoisoned, running: list[OpenRequest]) -> None:
+        """The device is unusable: every open request (running or queued) and every later one gets DeviceLost."""
+        cause = poisoned.__cause__ or poisoned
+        log.critical("the device is unusable after a forward failed (%s: %s); failing every request and stopping",
+                     type(cause).__name__, cause, exc_info=cause)
+        lost = DeviceLost(f"the worker's accelerator failed ({type(cause).__name__}) and the worker is restarting; "
+                          "retry the request")
+        self.metrics.isolated_failures.labels("device_lost").inc()
+        with self._cond:
+            self.lost = lost
+            self._stopping = True
+            for request in [*running, *self._waiting]:
+                if not request.closed:
+                    request.job.fail(lost)
+                self._close(request)
+        if self.on_device_lost is not None:
+            self.on_device_lost(lost)
 
     def _started(self, requests: list[OpenRequest]) -> None:
         now = time.perf_counter()

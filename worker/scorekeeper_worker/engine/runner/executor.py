@@ -6,6 +6,7 @@ rows of its own units."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -39,6 +40,11 @@ class BatchStats:
     graph_bucket: str = "none"  # the token bucket, for graph and padded batches
 
 
+# A test hook: sees every batch just before its forward; what it raises is the forward's error (tests make one
+# request's forward fail, or inject a device error, without a model that fails by itself).
+FaultHook = Callable[[list[tuple[Job, PackUnit]]], None]
+
+
 class Executor:
     def __init__(self, model: ScoringModel, backend: str = "sdpa", graphs: GraphRunner | None = None,
                  trunk: PaddedTrunk | None = None, compiler: CompiledTrunk | None = None) -> None:
@@ -48,11 +54,14 @@ class Executor:
         self.graphs = graphs
         self.trunk = trunk
         self.compiler = compiler if trunk is None else None  # another trunk backend has no layers of ours
+        self.fault: FaultHook | None = None
 
     @torch.inference_mode()
     def run(self, batch: list[tuple[Job, PackUnit]]) -> BatchStats:
         """Score a batch: every job absorbs the rows of its units (the caller finishes the complete ones)."""
         started = time.perf_counter()
+        if self.fault is not None:
+            self.fault(batch)
         units = [unit for _, unit in batch]
         bucket = self.graphs.select(units) if self.graphs is not None else None
         if bucket is None:
