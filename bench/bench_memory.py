@@ -2,7 +2,7 @@
 +468 MB over 3,000 requests on an AVX2 Zen 3), and what of it is the allocator keeping freed memory.
 
 Each configuration is a child process that loads the model as the worker does (all-MiniLM-L6-v2 embeddings by default,
-float32, fused oneDNN linears, its allocator thresholds unless `--no-mallopt`, its oneDNN primitive-cache bound), runs
+float32, fused oneDNN linears, its allocator thresholds and cache bounds unless the configuration says otherwise), runs
 a warm-up, then the same seeded mixed-shape requests (1–64 items of 1–12 words: nearly every batch a new token count)
 through the engine (tokenize → plan → batches → forward, as `score_now` does), and reports RSS after the warm-up,
 at the end, and after `malloc_trim(0)`, with glibc's view (`mallinfo2`: heap held, heap in use). "avx2" caps oneDNN,
@@ -28,13 +28,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import log, machine_note, markdown_table
+from scorekeeper_worker.cli import CACHE_BOUNDS
 
 ISA_ENV = {"native": {}, "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
                                   "ATEN_CPU_CAPABILITY": "avx2"}}
 # configuration → (environment, use the worker's mallopt thresholds)
 CONFIGS: dict[str, tuple[dict[str, str], bool]] = {
-    "worker": ({}, True),  # what `scorekeeper-worker serve` sets (the primitive-cache bound: cli.py)
-    "unbounded-cache": ({"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"}, True),  # oneDNN's own default
+    "worker": ({}, True),  # what `scorekeeper-worker serve` sets (the cache bounds: cli.CACHE_BOUNDS)
+    "ideep-1024": ({"LRU_CACHE_CAPACITY": "1024"}, True),  # ideep's own default (the worker before issue 37)
+    "unbounded-cache": ({"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024", "LRU_CACHE_CAPACITY": "1024"}, True),
     "no-primitive-cache": ({"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"}, True),
     "no-mallopt": ({}, False),  # glibc's adaptive thresholds
 }
@@ -123,7 +125,7 @@ def main() -> None:
     rows = []
     for isa in args.isa.split(","):
         for config in args.configs.split(","):
-            env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64",
+            env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", **{k: str(v) for k, v in CACHE_BOUNDS.items()},
                    **ISA_ENV[isa], **CONFIGS[config][0]}
             log(f"{isa} {config}: {args.requests} requests after {args.warmup}")
             out = subprocess.run([sys.executable, __file__, "--child", config, *sys.argv[1:]], env=env, check=True,

@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import log, machine_note, markdown_table, median
+from scorekeeper_worker.cli import CACHE_BOUNDS
 
 # arm → (OpenMP environment, intra-op threads, concurrent single-threaded halves of the request)
 ARMS: dict[str, tuple[dict[str, str], int, int]] = {
@@ -98,7 +99,7 @@ def child(args: argparse.Namespace, arm: str) -> None:
 class Arm:
     def __init__(self, name: str, argv: list[str]) -> None:
         env = {k: v for k, v in os.environ.items() if k not in OPENMP_VARIABLES}
-        env.update({"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", **ARMS[name][0]})
+        env.update({**{k: str(v) for k, v in CACHE_BOUNDS.items()}, **ARMS[name][0]})
         self.name = name
         self.proc = subprocess.Popen([sys.executable, __file__, "--child", name, *argv], env=env, text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
