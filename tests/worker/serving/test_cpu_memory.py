@@ -65,7 +65,8 @@ def test_mixed_shapes_do_not_grow_the_heap_with_the_worker_s_cache_bounds() -> N
     """Requests of varied shapes through the real MiniLM with fused oneDNN linears: with the bounds the command line
     sets (cli.CACHE_BOUNDS), the heap in use stays within the bound's size; with ideep's default (1024 entries) it
     grows by about 300 KiB per new shape (issue 37's +400 MB). Runs under whatever instruction set the suite runs
-    (capped to AVX2 too). Heap bytes in use (mallinfo2), not RSS: the allocator's kept memory and timing do not enter."""
+    (capped to AVX2 too). Heap bytes in use (mallinfo2), not RSS: the allocator's kept memory and timing do not
+    enter."""
     from scorekeeper_worker.cli import CACHE_BOUNDS
 
     bench = str(Path(__file__).resolve().parents[3] / "bench")
