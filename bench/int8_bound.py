@@ -49,12 +49,18 @@ from scorekeeper_worker.library import (
     load_model,
     minilm_path,
 )
+from scorekeeper_worker.model.dtypes import host_cpu_flags
 
 BATCH_TOKENS = 8192  # the worker's default --max-batch-tokens
 ISA_ENV = {"native": {}, "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
                                   "ATEN_CPU_CAPABILITY": "avx2"}}
 LINEAR_OPS = ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm", "aten::linear")
 X_SCALE, OUT_SCALE, ZERO_POINT = 0.02, 0.05, 128  # any values: int8 kernels take the same time whatever the scales
+# Without int8 dot-product instructions (VNNI; or capped below them) u8·s8 products are summed in pairs in saturating
+# 16 bits (`vpmaddubsw`): 255·127·2 overflows, 127·127·2 does not. There the activations use 7 bits, as FBGEMM's
+# `reduce_range` does, so the kernels compute the layer exactly (to rounding) on every CPU; the time is the same.
+REDUCED_RANGE = not host_cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"}
+X_LEVELS, X_ZERO_POINT = (128, 64) if REDUCED_RANGE else (256, 128)
 ATTENTION_OPS = ("aten::bmm", "aten::baddbmm", "aten::_softmax", "flash_attention", "scaled_dot_product")
 
 
@@ -70,7 +76,8 @@ def _timed(call: Callable[[], object], reps: int) -> float:
 
 def int8_kernels(module: FusedLinear, tokens: int) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
     """The linear (and GELU) of a FusedLinear as int8 kernels: uint8 activations (scale X_SCALE, zero point
-    ZERO_POINT) in, uint8 (OUT_SCALE, ZERO_POINT) out, weights int8 per output channel, the bias and GELU fused."""
+    X_ZERO_POINT, X_LEVELS levels) in, uint8 (OUT_SCALE, ZERO_POINT) out, weights int8 per output channel, the bias
+    and GELU fused."""
     weight, bias = module.linear.weight, module.linear.bias
     scale = weight.abs().amax(1) / 127
     zeros = torch.zeros(weight.shape[0], dtype=torch.long)
@@ -78,14 +85,14 @@ def int8_kernels(module: FusedLinear, tokens: int) -> dict[str, Callable[[torch.
     packed = torch.ops.onednn.qlinear_prepack(q_weight, [tokens, weight.shape[1]])
     post, algorithm = ("gelu", "none") if module.gelu else ("none", "")
     kernels = {"oneDNN": lambda x: torch.ops.onednn.qlinear_pointwise(
-        x, X_SCALE, ZERO_POINT, packed, scale, zeros, bias, OUT_SCALE, ZERO_POINT, torch.uint8, post, [], algorithm)}
+        x, X_SCALE, X_ZERO_POINT, packed, scale, zeros, bias, OUT_SCALE, ZERO_POINT, torch.uint8, post, [], algorithm)}
     if not module.gelu:  # FBGEMM's quantized linear has no GELU epilogue
         with warnings.catch_warnings():  # quantized tensors are deprecated; FBGEMM's kernels are still torch's
             warnings.simplefilter("ignore", UserWarning)
             q_weight_tensor = torch.quantize_per_channel(weight, scale, zeros, 0, torch.qint8)
         fb_packed = torch.ops.quantized.linear_prepack(q_weight_tensor, bias)
         kernels["FBGEMM"] = lambda x: torch.ops.quantized.linear(
-            torch._make_per_tensor_quantized_tensor(x, X_SCALE, ZERO_POINT), fb_packed, OUT_SCALE, ZERO_POINT
+            torch._make_per_tensor_quantized_tensor(x, X_SCALE, X_ZERO_POINT), fb_packed, OUT_SCALE, ZERO_POINT
         ).int_repr()
     return kernels
 
@@ -97,7 +104,7 @@ def int8_rate_ratio(trunk: torch.nn.Module, tokens: int, reps: int) -> float:
     for name, module in trunk.named_modules():
         if isinstance(module, FusedLinear) and not name.startswith("pooler"):
             x = torch.randn(tokens, module.linear.in_features)
-            q_x = torch.randint(0, 256, x.shape, dtype=torch.uint8)
+            q_x = torch.randint(0, X_LEVELS, x.shape, dtype=torch.uint8)
             float32_seconds += _timed(lambda m=module, x=x: m(x), reps)
             int8_seconds += min(_timed(lambda k=kernel, q=q_x: k(q), reps)
                                 for kernel in int8_kernels(module, tokens).values())

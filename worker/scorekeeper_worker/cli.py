@@ -32,6 +32,11 @@ PROG = "scorekeeper-worker"
 # growing for thousands of requests (docs/benchmarks.md). Read when oneDNN first runs, so set before torch loads.
 PRIMITIVE_CACHE_VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 PRIMITIVE_CACHE_CAPACITY = 64
+# ideep, torch's layer over oneDNN, keeps its own cache of operators keyed by shape (`LRU_CACHE_CAPACITY`, 1024 by
+# default), each entry holding its primitive (about 300 KiB for a MiniLM linear layer): the oneDNN bound above does
+# not free them. It was the +400 MB over 3,000 mixed-shape requests (issue 37; docs/benchmarks.md), on AVX2 and
+# AVX-512 alike. 128 entries (about 25 token counts of a BERT layer's four linear shapes) bound it near 40 MB.
+CACHE_BOUNDS = {PRIMITIVE_CACHE_VARIABLE: PRIMITIVE_CACHE_CAPACITY, "LRU_CACHE_CAPACITY": 128}
 ENV_PREFIX = "SCOREKEEPER_"
 _FIELDS = WorkerConfig.model_fields
 TRUE_WORDS = frozenset({"1", "true", "yes", "on", "y", "t"})
@@ -220,20 +225,36 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) 
 
 
 def bound_primitive_cache(environ: dict[str, str] | os._Environ[str] = os.environ) -> None:
-    """The worker's bound on oneDNN's primitive cache, unless the environment sets one."""
-    environ.setdefault(PRIMITIVE_CACHE_VARIABLE, str(PRIMITIVE_CACHE_CAPACITY))
+    """The worker's bounds on oneDNN's primitive cache and ideep's operator cache, unless the environment sets
+    them."""
+    for variable, capacity in CACHE_BOUNDS.items():
+        environ.setdefault(variable, str(capacity))
 
 
-# OpenMP threads that wait at a barrier sleep instead of spinning, unless the environment says otherwise. Read once
-# when torch loads its OpenMP runtime, so it is set before anything imports torch. On shared CPUs (the common case for
-# CPU pods) a spinning thread burns the time slice its descheduled sibling needs: 1.4-2.1x faster under load
-# (docs/benchmarks.md).
-OPENMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
+# How OpenMP threads wait at a barrier, unless the environment says otherwise: read once when torch loads its OpenMP
+# runtime, so set before anything imports torch. On CPUs shared with other processes (the common case for CPU pods) a
+# spinning thread burns the time slice its descheduled sibling needs, so threads sleep at once (PASSIVE). On CPUs the
+# worker has to itself nothing else wants them, so a short spin (about a millisecond) catches the next operator's
+# start without a futex wake-up, and then sleeps: never ACTIVE, which spins forever and would take the cores from
+# the worker's own tokenizer and HTTP threads (docs/operations.md, docs/benchmarks.md).
+OPENMP_SHARED = {"OMP_WAIT_POLICY": "PASSIVE"}
+OPENMP_DEDICATED = {"GOMP_SPINCOUNT": "300000"}  # libgomp's own default spin, made explicit (not throttled)
+OPENMP_WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+
+
+def openmp_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The OpenMP wait settings for this process's CPUs, or none when the environment sets any of its own."""
+    if any(variable in environ for variable in OPENMP_WAIT_VARIABLES):
+        return {}
+    from scorekeeper_worker.serving.startup.cgroup_cpu import cpu_quota, dedicated_cpus  # no torch there
+
+    affinity = len(os.sched_getaffinity(0))
+    dedicated = dedicated_cpus(cpu_quota(), affinity, os.cpu_count() or affinity)
+    return dict(OPENMP_DEDICATED if dedicated else OPENMP_SHARED)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    for variable, value in OPENMP_DEFAULTS.items():
-        os.environ.setdefault(variable, value)
+    os.environ.update(openmp_defaults())
     argv = sys.argv[1:] if argv is None else argv
     try:
         config = parse_config(argv)

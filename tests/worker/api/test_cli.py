@@ -101,20 +101,20 @@ def test_default_bind_address_is_loopback() -> None:
     assert parse_config(["serve", "--model", "/m"], {}).host == "127.0.0.1"
 
 
-def test_the_worker_bounds_onednn_s_primitive_cache_before_torch_loads() -> None:
+def test_the_worker_bounds_onednn_s_and_ideep_s_caches_before_torch_loads() -> None:
     """Set by the CLI itself (a variable in the Dockerfile alone would miss pip installs), before torch is imported:
     oneDNN reads it once. An operator's own value wins. The server module is replaced by a probe that reports what
     it finds when `serve` hands over."""
     probe = ("import os, sys, types\n"
              "report = lambda config: print('capacity', os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY'),"
-             " 'torch', 'torch' in sys.modules)\n"
+             " 'ideep', os.environ.get('LRU_CACHE_CAPACITY'), 'torch', 'torch' in sys.modules)\n"
              "sys.modules['scorekeeper_worker.api.server'] = types.SimpleNamespace(run=report)\n"
              "from scorekeeper_worker import cli\n"
              "cli.main(['serve', '--model', 'm'])\n")
-    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
-    for given, expected in ((None, "64"), ("0", "0")):
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
+    for given, expected in ((None, ("64", "128")), ("0", ("0", "0"))):
         if given is not None:
-            env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = given
+            env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = env["LRU_CACHE_CAPACITY"] = given
         out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
         assert out.returncode == 0, out.stderr
-        assert out.stdout.split() == ["capacity", expected, "torch", "False"], out.stdout
+        assert out.stdout.split() == ["capacity", expected[0], "ideep", expected[1], "torch", "False"], out.stdout

@@ -14,7 +14,7 @@ import pytest
 import torch
 from scorekeeper_worker.base.config import Device, DType
 from scorekeeper_worker.cli import parse_config
-from scorekeeper_worker.model.dtypes import Hardware, choose_dtype, cpu_flags, detect_hardware
+from scorekeeper_worker.model.dtypes import Hardware, choose_dtype, cpu_flags, detect_hardware, host_cpu_flags
 from scorekeeper_worker.model.loader import load_model
 from serving import RunningServer
 
@@ -72,9 +72,24 @@ def test_cpu_flags_from_proc_cpuinfo() -> None:
     assert cpu_flags("") == set()
 
 
+def test_instruction_set_caps_remove_the_flags_above_them(tmp_path: Path) -> None:
+    """`ONEDNN_MAX_CPU_ISA` and `ATEN_CPU_CAPABILITY` make an AVX-512 machine decide like the CPU it is capped to."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("flags\t\t: fpu avx2 fma avx_vnni avx512f avx512_vnni avx512_bf16 amx_bf16 amx_int8\n")
+    everything = {"fpu", "avx2", "fma", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8"}
+    assert host_cpu_flags(cpuinfo, {}) == everything
+    assert host_cpu_flags(cpuinfo, {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}) == \
+        {"fpu", "avx2", "fma"}
+    assert host_cpu_flags(cpuinfo, {"ONEDNN_MAX_CPU_ISA": "avx2_vnni"}) == {"fpu", "avx2", "fma", "avx_vnni"}
+    assert host_cpu_flags(cpuinfo, {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"}) == \
+        everything - {"avx512_bf16", "amx_bf16", "amx_int8"}
+    assert host_cpu_flags(cpuinfo, {"ATEN_CPU_CAPABILITY": "avx2"}) == {"fpu", "avx2", "fma", "avx_vnni"}
+    assert host_cpu_flags(cpuinfo, {"ONEDNN_MAX_CPU_ISA": "ALL", "ATEN_CPU_CAPABILITY": "avx512"}) == everything
+
+
 def test_this_cpu_is_described() -> None:
     hardware = detect_hardware(Device.CPU)
-    flags = cpu_flags(Path("/proc/cpuinfo").read_text()) if Path("/proc/cpuinfo").exists() else set()
+    flags = host_cpu_flags()  # as this process may use them (a run capped to AVX2 has no bfloat16 instructions)
     assert hardware.bf16 == bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
     assert hardware.amx == ("amx_bf16" in flags)
     assert hardware.description.startswith("CPU (")

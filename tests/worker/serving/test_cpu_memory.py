@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -39,3 +40,44 @@ def test_reused_blocks_fault_less_than_with_the_defaults() -> None:
     default, tuned = faults("default"), faults("tuned")
     assert default > pages // 10  # glibc's defaults fault a share of them in again, round after round
     assert tuned * 3 < default
+
+
+MIXED_SHAPES = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import torch
+from bench_memory import heap_mib, mixed_requests, run_requests
+from scorekeeper_worker.library import DType, fuse_linears, keep_freed_memory, load_model, minilm_path
+torch.set_num_threads(2)
+keep_freed_memory()
+model = load_model(minilm_path(), DType.FLOAT32, "cpu", "memory")
+fuse_linears(model.trunk)
+with torch.inference_mode():
+    run_requests(mixed_requests(10, 1, max_items=24), model, 8192)
+    before = heap_mib()["used"]
+    run_requests(mixed_requests(int(sys.argv[2]), 2, max_items=24), model, 8192)
+print(heap_mib()["used"] - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallinfo2")
+def test_mixed_shapes_do_not_grow_the_heap_with_the_worker_s_cache_bounds() -> None:
+    """Requests of varied shapes through the real MiniLM with fused oneDNN linears: with the bounds the command line
+    sets (cli.CACHE_BOUNDS), the heap in use stays within the bound's size; with ideep's default (1024 entries) it
+    grows by about 300 KiB per new shape (issue 37's +400 MB). Runs under whatever instruction set the suite runs
+    (capped to AVX2 too). Heap bytes in use (mallinfo2), not RSS: the allocator's kept memory and timing do not
+    enter."""
+    from scorekeeper_worker.cli import CACHE_BOUNDS
+
+    bench = str(Path(__file__).resolve().parents[3] / "bench")
+
+    def growth(ideep: int) -> float:
+        env = {**os.environ, **{k: str(v) for k, v in CACHE_BOUNDS.items()}, "LRU_CACHE_CAPACITY": str(ideep),
+               "PYTHONPATH": os.pathsep.join(sys.path)}
+        return float(subprocess.run([sys.executable, "-c", MIXED_SHAPES, bench, "80"], capture_output=True,
+                                    text=True, check=True, env=env).stdout.split()[-1])
+
+    bounded, unbounded = growth(CACHE_BOUNDS["LRU_CACHE_CAPACITY"]), growth(1024)
+    # MiB: 128 entries of ≈ 300 KiB at most (measured 28 with the bound, 56 without, on AVX-512 and capped to AVX2)
+    assert bounded < 48, bounded
+    assert unbounded > 1.5 * bounded, (bounded, unbounded)

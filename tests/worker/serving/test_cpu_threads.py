@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from scorekeeper_worker.serving.startup.cgroup_cpu import cpu_quota, threads_for_quota
+from scorekeeper_worker.serving.startup.cgroup_cpu import cpu_quota, dedicated_cpus, threads_for_quota
 from scorekeeper_worker.serving.startup.cpu_threads import resolve
 from serving import free_port, wait_until_ready
 
@@ -198,3 +198,31 @@ def test_the_worker_logs_and_exports_its_threads(tiny_model: Callable[[str], Pat
     finally:
         process.terminate()
         process.wait(60)
+
+
+@pytest.mark.parametrize(("quota", "affinity", "online", "dedicated"), [
+    (2.0, 2, 64, True),  # Guaranteed pod, static CPU manager: an exclusive cpuset as large as its quota
+    (2.0, 62, 64, False),  # the node's shared pool, wider than the quota
+    (1.5, 2, 64, False),  # a fractional quota never gets exclusive CPUs
+    (None, 2, 64, False),  # no quota (taskset on a VM): other processes may still run there
+    (2.0, 2, 2, False),  # the whole machine, not an exclusive share of it
+])
+def test_dedicated_cpus_are_an_exclusive_cpuset_as_large_as_the_quota(quota: float | None, affinity: int,
+                                                                      online: int, dedicated: bool) -> None:
+    assert dedicated_cpus(quota, affinity, online) is dedicated
+    assert resolve("auto", lambda: quota, lambda: affinity, online).dedicated is dedicated
+
+
+def test_openmp_waits_passively_on_shared_cpus_and_spins_briefly_on_dedicated_ones(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from scorekeeper_worker import cli
+    from scorekeeper_worker.serving.startup import cgroup_cpu
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(cgroup_cpu, "cpu_quota", lambda: 2.0)
+    assert cli.openmp_defaults({}) == cli.OPENMP_DEDICATED
+    monkeypatch.setattr(cgroup_cpu, "cpu_quota", lambda: None)
+    assert cli.openmp_defaults({}) == cli.OPENMP_SHARED == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert cli.openmp_defaults({"OMP_WAIT_POLICY": "ACTIVE"}) == {}  # the environment's own setting wins
+    assert cli.openmp_defaults({"GOMP_SPINCOUNT": "0"}) == {}

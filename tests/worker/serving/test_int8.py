@@ -50,8 +50,17 @@ def _scores(server: RunningServer) -> np.ndarray:
 
 @pytest.mark.parametrize("model", ["minilm-embedding", "bert-cross"])
 def test_int8_scores_rank_like_float32_and_the_certificate_is_exported(
-        model: str, tiny_model: Callable[[str], Path], server_for: Callable[..., RunningServer]) -> None:
+        model: str, tiny_model: Callable[[str], Path], server_for: Callable[..., RunningServer],
+        tmp_path: Path) -> None:
+    """On a CPU with int8 dot-product instructions; without them (or capped below them) the worker refuses int8
+    before calibrating: its u8·s8 products would saturate in 16-bit pairs, beyond this test's bound."""
     path = minilm_path() if model == "minilm-embedding" else tiny_model("bert-cross")
+    if not int8_dot_product_flags():  # this CPU (or the instruction-set cap the tests run under) has no VNNI
+        process, message = _serve(["--model", str(path), "--quantization", "int8",
+                                   "--quantization-min-speedup", "0"], tmp_path)
+        assert process.returncode == EXIT_LOAD_FAILED, process.stderr[-3000:]
+        assert "--quantization int8 needs int8 dot-product instructions" in message, message
+        return
     # The tiny cross-encoder has random weights: its scores barely differ between passages, so its ranking is all
     # near-ties; the real model is held to the default threshold.
     threshold = 0.99 if model == "minilm-embedding" else 0.9
@@ -102,10 +111,12 @@ def test_the_cpu_flags_for_fast_int8(tmp_path: Path) -> None:
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 fma avx512f avx512_vnni amx_int8\n\n"
                        "processor\t: 1\nflags\t\t: fpu avx2 fma avx512f avx512_vnni amx_int8\n")
-    assert int8_dot_product_flags(cpuinfo) == ["avx512_vnni", "amx_int8"]
+    assert int8_dot_product_flags(cpuinfo, {}) == ["avx512_vnni", "amx_int8"]
+    # capped to AVX2 (how the suite emulates a CPU without VNNI), the same machine has none
+    assert int8_dot_product_flags(cpuinfo, {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}) == []
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 fma\n")
-    assert int8_dot_product_flags(cpuinfo) == []
-    assert int8_dot_product_flags(tmp_path / "absent") == []
+    assert int8_dot_product_flags(cpuinfo, {}) == []
+    assert int8_dot_product_flags(tmp_path / "absent", {}) == []
 
 
 @pytest.mark.parametrize("case", ["certificate", "speed", "decoder"])
@@ -123,6 +134,8 @@ def test_a_worker_that_cannot_serve_int8_exits_3_with_the_reason(case: str, tiny
         model = tiny_model("qwen3-causal")
         argv = []
         expected = ["--quantization int8 serves encoder cross-encoders and embedding models"]
+    if case != "decoder" and not int8_dot_product_flags():  # refused before any certificate is measured
+        expected = ["--quantization int8 needs int8 dot-product instructions"]
     process, message = _serve(["--model", str(model), "--quantization", "int8", *argv], tmp_path)
     assert process.returncode == EXIT_LOAD_FAILED, process.stderr[-3000:]
     for text in expected:

@@ -3,6 +3,8 @@ fast. A pure decision over injected capabilities (`choose_dtype`), plus the one 
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,12 +46,36 @@ def cpu_flags(cpuinfo: str) -> set[str]:
     return flags
 
 
-def host_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
-    """This machine's CPU feature flags; none where /proc/cpuinfo cannot be read."""
+# Flags above an instruction-set cap. oneDNN (`ONEDNN_MAX_CPU_ISA`) and ATen (`ATEN_CPU_CAPABILITY`) never use
+# instructions above their cap, so a process capped to AVX2 on an AVX-512 machine computes like an AVX2 CPU (no
+# VNNI: int8 products saturate in 16-bit pairs; no native bfloat16) and must decide like one.
+_AVX512 = ("avx512", "amx")
+_ONEDNN_DROPS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("SSE41", "AVX", "AVX2"), (*_AVX512, "avx_vnni")),
+    **dict.fromkeys(("AVX2_VNNI", "AVX2_VNNI_2"), _AVX512),
+    "AVX512_CORE": ("avx512_vnni", "avx512_bf16", "avx512_fp16", "amx", "avx_vnni"),
+    "AVX512_CORE_VNNI": ("avx512_bf16", "avx512_fp16", "amx"),
+    **dict.fromkeys(("AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10_1_512"), ("amx",)),
+}
+_ATEN_DROPS: dict[str, tuple[str, ...]] = {"avx2": _AVX512, "default": (*_AVX512, "avx2", "avx_vnni", "fma")}
+
+
+def capped_flags(flags: set[str], environ: Mapping[str, str]) -> set[str]:
+    """`flags` without those above the instruction-set caps that `environ` sets (oneDNN's and ATen's)."""
+    drops = (*_ONEDNN_DROPS.get(environ.get("ONEDNN_MAX_CPU_ISA", "").upper(), ()),
+             *_ATEN_DROPS.get(environ.get("ATEN_CPU_CAPABILITY", "").lower(), ()))
+    return {flag for flag in flags if not flag.startswith(drops)}
+
+
+def host_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo"), environ: Mapping[str, str] | None = None) -> set[str]:
+    """This machine's CPU feature flags as this process may use them (capped by `ONEDNN_MAX_CPU_ISA` and
+    `ATEN_CPU_CAPABILITY` in `environ`, the process's environment by default); none where /proc/cpuinfo cannot be
+    read."""
     try:
-        return cpu_flags(cpuinfo.read_text())
+        flags = cpu_flags(cpuinfo.read_text())
     except OSError:
         return set()
+    return capped_flags(flags, os.environ if environ is None else environ)
 
 
 def detect_hardware(device: Device) -> Hardware:

@@ -109,3 +109,11 @@ def threads_for_quota(quota: float) -> int:
     """Whole CPUs a quota pays for, at least one: 1.5 CPUs → 1 thread (a second one would be throttled for half of
     every period, stalling the first at each parallel region's barrier)."""
     return max(1, math.floor(quota + 1e-9))
+
+
+def dedicated_cpus(quota: float | None, affinity: int, online: int) -> bool:
+    """Whether this process has whole CPUs to itself: a pod with Guaranteed QoS and an integer CPU limit under the
+    kubelet's static CPU manager gets an exclusive cpuset exactly as large as its quota, narrower than the node. A
+    shared pod's cpuset is the node's shared pool (wider than its quota); without a quota (a VM, a laptop, a pod
+    without limits) other processes may run on any CPU, so that counts as shared too."""
+    return quota is not None and affinity < online and abs(quota - affinity) < 1e-9

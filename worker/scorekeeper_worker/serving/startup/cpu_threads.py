@@ -3,7 +3,11 @@
 `auto` is the smaller of the cgroup CPU quota (serving/startup/cgroup_cpu.py: a pod's `limits.cpu`) and the CPUs of the
 process's affinity mask (a cpuset, `taskset`). Torch's default is one thread per CPU the machine has, so a pod limited
 to one CPU on a 64-core node would start 64 OpenMP threads that the quota throttles in turn: every parallel region
-then waits for its slowest, throttled thread."""
+then waits for its slowest, throttled thread.
+
+Whether the CPUs are the process's own (a Guaranteed pod's exclusive cpuset under the static CPU manager) or shared
+with other processes (`cgroup_cpu.dedicated_cpus`) decides how OpenMP threads wait: the command line sets that before
+torch loads (cli.openmp_defaults); it is logged here and exported as `scorekeeper_cpu_dedicated`."""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from typing import Literal
 
 import torch
 
-from scorekeeper_worker.serving.startup.cgroup_cpu import cpu_quota, threads_for_quota
+from scorekeeper_worker.serving.startup.cgroup_cpu import cpu_quota, dedicated_cpus, threads_for_quota
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +30,7 @@ class CpuThreads:
     quota: float | None  # CPUs of the cgroup quota, None without one
     affinity: int  # CPUs in the affinity mask
     reason: str  # for the start-up log line
+    dedicated: bool = False  # whole CPUs of its own (an exclusive cpuset as large as the quota), not shared
 
 
 def affinity_cpus() -> int:
@@ -33,15 +38,16 @@ def affinity_cpus() -> int:
 
 
 def resolve(setting: int | Literal["auto"], quota: Callable[[], float | None] = cpu_quota,
-            affinity: Callable[[], int] = affinity_cpus) -> CpuThreads:
-    """`--threads` → the thread count, with what it was derived from."""
+            affinity: Callable[[], int] = affinity_cpus, online: int | None = None) -> CpuThreads:
+    """`--threads` → the thread count, with what it was derived from (`online`: the machine's CPUs)."""
     cpus, limit = affinity(), quota()
+    dedicated = dedicated_cpus(limit, cpus, online or os.cpu_count() or cpus)
     described = (f"cgroup quota {limit:g} CPUs" if limit is not None else "no cgroup quota") + \
-        f", {cpus} CPUs in the affinity mask"
+        f", {cpus} CPUs in the affinity mask ({'dedicated' if dedicated else 'shared'})"
     if setting != "auto":
-        return CpuThreads(setting, limit, cpus, f"--threads {setting} ({described})")
+        return CpuThreads(setting, limit, cpus, f"--threads {setting} ({described})", dedicated)
     threads = min(cpus, threads_for_quota(limit)) if limit is not None else cpus
-    return CpuThreads(max(1, threads), limit, cpus, f"auto: {described}")
+    return CpuThreads(max(1, threads), limit, cpus, f"auto: {described}", dedicated)
 
 
 def apply(choice: CpuThreads) -> None:
@@ -54,6 +60,6 @@ def apply(choice: CpuThreads) -> None:
             torch.set_num_interop_threads(choice.threads)
         except RuntimeError as error:  # already started (or already set) in this process
             log.warning("inter-op threads stay at %d: %s", torch.get_num_interop_threads(), error)
-    log.info("CPU threads: %d (%s); torch intra-op %d, inter-op %d; OMP_WAIT_POLICY=%s", choice.threads,
-             choice.reason, torch.get_num_threads(), torch.get_num_interop_threads(),
-             os.environ.get("OMP_WAIT_POLICY", "(unset)"))
+    log.info("CPU threads: %d (%s); torch intra-op %d, inter-op %d; OMP_WAIT_POLICY=%s GOMP_SPINCOUNT=%s",
+             choice.threads, choice.reason, torch.get_num_threads(), torch.get_num_interop_threads(),
+             os.environ.get("OMP_WAIT_POLICY", "(unset)"), os.environ.get("GOMP_SPINCOUNT", "(unset)"))

@@ -35,6 +35,7 @@ def load(config: WorkerConfig, metrics: WorkerMetrics) -> Served:
     threads = cpu_threads.resolve(config.threads)
     cpu_threads.apply(threads)  # before any parallel work: loading is the first
     metrics.cpu_threads.set(threads.threads)
+    metrics.cpu_dedicated.set(threads.dedicated)
     if config.device == Device.CPU:
         cpu_memory.keep_freed_memory()
     # int8 is quantized from, and certified against, the float32 weights.

@@ -8,7 +8,9 @@ plans requests, and compares them: the largest |Δscore|, Spearman's rank correl
 its top 10, averaged). It also times both passes (after one warm-up request each): int8 is refused unless it scores
 the probe set at least `--quantization-min-speedup` times as fast as float32 (default 1: faster at all). OpenVINO's
 int8 matrix products need int8 dot-product instructions (AVX-512 VNNI, AVX-VNNI or AMX) to beat float32; on a CPU
-without them int8 measured 0.74-0.77x float32 (docs/benchmarks.md). Below `--quantization-min-spearman` (or the
+without them int8 measured 0.74-0.92x float32 (docs/benchmarks.md), and its u8·s8 products are summed in saturating
+16-bit pairs, so scores drift beyond int8 rounding: int8 is refused there before calibrating (instruction-set caps,
+`ONEDNN_MAX_CPU_ISA=AVX2`, count as the CPU they cap to). Below `--quantization-min-spearman` (or the
 optional bounds) the worker refuses to become ready, like any other load failure (exit status 3, termination
 message)."""
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +27,7 @@ import numpy as np
 
 from scorekeeper_worker.base.config import WorkerConfig
 from scorekeeper_worker.engine.runner.executor import Executor
-from scorekeeper_worker.engine.runner.int8_trunk import RecordingTrunk, quantize
+from scorekeeper_worker.engine.runner.int8_trunk import Int8Unavailable, RecordingTrunk, quantize
 from scorekeeper_worker.model.dtypes import host_cpu_flags
 from scorekeeper_worker.model.loader import ModelKind, ScoringModel
 from scorekeeper_worker.planning.ask import ScoreAsk
@@ -106,10 +109,9 @@ def check(certificate: Certificate, config: WorkerConfig) -> None:
                       "(--quantization-min-top10)")
     if not certificate.speedup >= config.quantization_min_speedup:
         flags = ", ".join(int8_dot_product_flags()) or "none (no AVX-512 VNNI, AVX-VNNI or AMX)"
-        cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
         failed.append(f"int8 scored the probe set at {certificate.speedup:.2f}× the speed of float32 < "
                       f"{config.quantization_min_speedup} (--quantization-min-speedup); this CPU's int8 dot-product "
-                      f"instructions: {flags}{f' (capped by ONEDNN_MAX_CPU_ISA={cap})' if cap else ''}")
+                      f"instructions: {flags}{_cap_note()}")
     if failed:
         raise CertificateFailed(
             f"int8 certificate failed against float32 on the fixed probe set ({certificate.pairs} "
@@ -124,6 +126,11 @@ def int8_executor(model: ScoringModel, reference: Executor, config: WorkerConfig
     if model.kind not in QUANTIZABLE:
         raise ValueError(f"--quantization int8 serves encoder cross-encoders and embedding models; this model is a "
                          f"{model.kind.value} (a decoder), which runs in its --dtype")
+    if not int8_dot_product_flags():
+        raise Int8Unavailable(f"--quantization int8 needs int8 dot-product instructions (AVX-512 VNNI, AVX-VNNI or "
+                              f"AMX), which this CPU{_cap_note()} lacks: without them int8 products are summed in "
+                              "saturating 16-bit pairs (scores drift beyond int8 rounding) and int8 ran slower than "
+                              "float32 (0.74-0.92x, docs/operations.md). Run without --quantization (float32).")
     started = time.perf_counter()
     recording = RecordingTrunk(model.hidden_size)
     text_scores(model, Executor(model, trunk=recording), calibration_requests(), config.max_batch_tokens)
@@ -148,7 +155,15 @@ def _timed_scores(model: ScoringModel, executor: Executor, requests: list[tuple[
     return scores, time.perf_counter() - started
 
 
-def int8_dot_product_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
-    """The CPU's int8 dot-product instruction sets among those OpenVINO's fast int8 kernels use."""
-    flags = host_cpu_flags(cpuinfo)
+def int8_dot_product_flags(cpuinfo: Path = Path("/proc/cpuinfo"), environ: Mapping[str, str] | None = None
+                           ) -> list[str]:
+    """The CPU's int8 dot-product instruction sets among those OpenVINO's fast int8 kernels use, as capped by the
+    instruction-set variables of `environ` (the process's environment by default)."""
+    flags = host_cpu_flags(cpuinfo, environ)
     return [flag for flag in INT8_DOT_PRODUCT_FLAGS if flag in flags]
+
+
+def _cap_note() -> str:
+    caps = [f"{name}={os.environ[name]}" for name in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
+            if name in os.environ]
+    return f" (capped by {', '.join(caps)})" if caps else ""
