@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import statistics
 import sys
 import tempfile
 import time
@@ -37,6 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "worker"), str(REPO / "tests"), str(REPO / "bench")]
 
 import torch  # noqa: E402
+from gpu_check import median_ms, sync  # noqa: E402
 from gpu_mis import mis_batch  # noqa: E402
 from scorekeeper_worker.library import (  # noqa: E402
     CompiledTrunk,
@@ -64,11 +64,6 @@ DELIMITER = 3
 
 def by_name(kernel: str) -> str:
     return next((category for category, pattern in BY_NAME if pattern.search(kernel)), "other")
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 @contextmanager
@@ -207,18 +202,6 @@ def tile_statistics(model: ScoringModel, runner: GraphRunner) -> dict[str, Any]:
     return {"visited": visited, "full": int(full.sum()), "partial": int(partial.sum()),
             "tiles_in_bucket": partial.shape[0] * (partial.shape[0] + 1) // 2 if causal else partial.numel(),
             "allowed_pairs": allowed, "allowed_share": round(allowed / max(1, visited * 128 * 128), 4)}
-
-
-def median_ms(fn: Callable[[], object], device: torch.device, reps: int) -> float:
-    fn()
-    sync(device)
-    times = []
-    for _ in range(reps):
-        started = time.perf_counter()
-        fn()
-        sync(device)
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
 
 
 def run_arm(model: ScoringModel, arm: str, kind: LayoutKind, bucket: int, shape: tuple[int, int, int],

@@ -5,25 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from harness import scoring_model
-from scorekeeper_operator.render.manifests import render
 from scorekeeper_operator.spec.flags import worker_config
-from scorekeeper_operator.spec.model import InvalidSpec, ScoringModel
-from scorekeeper_operator.spec.settings import OperatorSettings
+from scorekeeper_operator.spec.model import InvalidSpec
+from spec_helpers import deployment_of, model_from
 
 GPU = {"resources": {"gpu": {"count": 1}}}
-
-
-def model_from(**spec: Any) -> ScoringModel:
-    body = scoring_model(**spec)
-    body["metadata"].update(uid="u", generation=1)
-    return ScoringModel.from_body(body)
-
-
-def deployment_of(**spec: Any) -> dict[str, Any]:
-    manifests = render(model_from(**spec), OperatorSettings(), service_monitor_api=False).manifests
-    found: dict[str, Any] = next(m for m in manifests if m["kind"] == "Deployment")
-    return found
 
 
 def startup_failures(deployment: dict[str, Any]) -> int:

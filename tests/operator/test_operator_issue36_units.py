@@ -6,29 +6,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from harness import NAMESPACE, scoring_model
+from harness import NAMESPACE
 from scorekeeper_operator.cache import WatchCache
 from scorekeeper_operator.children import adoptable
 from scorekeeper_operator.pacing import PACED_ANNOTATION, PACED_CAPACITY_ANNOTATION, Pacer, progressed
-from scorekeeper_operator.render.manifests import CONFIG_HASH_ANNOTATION, MANAGED_BY, render
-from scorekeeper_operator.spec.model import ScoringModel
-from scorekeeper_operator.spec.settings import OperatorSettings
+from scorekeeper_operator.render.manifests import CONFIG_HASH_ANNOTATION, MANAGED_BY
 from scorekeeper_operator.status.compute import ConfigError, Observed
+from spec_helpers import deployment_of, model_from
 from status_fixtures import assess, at, conditions, desired, event, message, pod, rendered, rolled, unscheduled
 
 NO_GPU = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
-
-
-def model_from(**spec: Any) -> ScoringModel:
-    body = scoring_model(**spec)
-    body["metadata"].update(uid="u", generation=1)
-    return ScoringModel.from_body(body)
-
-
-def deployment_of(**spec: Any) -> dict[str, Any]:
-    manifests = render(model_from(**spec), OperatorSettings(), service_monitor_api=False).manifests
-    found: dict[str, Any] = next(m for m in manifests if m["kind"] == "Deployment")
-    return found
 
 
 def test_gpu_models_with_more_than_one_replica_replace_pods_without_a_spare_gpu() -> None:
