@@ -102,6 +102,10 @@ class Reconciler:
         self._fresh_until: dict[Key, float] = {}  # until when a model's passes may read the cache
         self._fresh_wanted: set[Key] = set()
         self._rendered: dict[Key, tuple[int, float]] = {}  # the last generation rendered, and when it was first
+        # Commits this operator resolved, per object and source: a pass that reads the object before the status
+        # patch of an earlier one (passes are no longer serialised with kopf's handlers) pins the same commit
+        # without asking the Hub again.
+        self._pinned: dict[Key, tuple[tuple[str, str, str | None], str]] = {}  # (uid, repo, revision), commit
 
     async def reconcile(self, namespace: str, name: str) -> ConfigError | None:
         """A pass now, reading everything fresh (for the kopf handlers: create, resume). Returns the configuration
@@ -151,6 +155,7 @@ class Reconciler:
             self.pacer.forget(key)
             self.cache.forget_instance(namespace, name)
             self._rendered.pop(key, None)
+            self._pinned.pop(key, None)
             self._release_waiting()
             logger.debug("pass %s/%s: the ScoringModel is gone", *key, extra={"pass_report": report})
             return None
@@ -248,8 +253,11 @@ class Reconciler:
         source = model.spec.model
         if source.scheme != "hf" or model.hf_commit is not None:
             return model, None
+        key, asked = (model.namespace, model.name), (model.uid, source.hf_repo, source.revision)
+        known = self._pinned.get(key)
         try:
-            commit = await resolve_revision(self.settings, source.hf_repo, source.revision)
+            commit = known[1] if known is not None and known[0] == asked else \
+                await resolve_revision(self.settings, source.hf_repo, source.revision)
         except Unresolvable as refused:
             metrics.HUB_RESOLUTIONS.labels("refused").inc()
             return None, ConfigError(refused.reason, refused.message)
@@ -257,7 +265,9 @@ class Reconciler:
             metrics.HUB_RESOLUTIONS.labels("unavailable").inc()
             return None, ConfigError("HubUnavailable", f"{error.message}; nothing is applied until the Hub answers"
                                      " (retried with backoff)")
-        metrics.HUB_RESOLUTIONS.labels("resolved").inc()
+        if self._pinned.get(key) != (asked, commit):
+            self._pinned[key] = (asked, commit)
+            metrics.HUB_RESOLUTIONS.labels("resolved").inc()
         logger.info("%s/%s: %s@%s is commit %s", model.namespace, model.name, source.hf_repo,
                     source.revision or "default branch", commit)
         model = model.model_copy(update={"resolved_revision": commit})
