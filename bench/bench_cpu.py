@@ -11,12 +11,15 @@ single-token words (bench_minilm.py), so every system gets the same token counts
 
 Every process is pinned to the same CPUs (this script pins itself; children inherit) with the same thread count
 (`--threads`); vLLM runs with its own binding ("auto": it keeps one core for its frontend). Repetitions go
-round-robin after a warm-up, alternating the order, with `--stress N` running `stress --cpu N` on the same CPUs
-throughout. Prints the CPU model, its ISA flags, each system's threads, then the tables with ratios to the best peer
-measured in the same run.
+round-robin after a warm-up, alternating the order. Conditions: `--stress N` runs `stress --cpu N` on the same CPUs
+throughout, `--neighbours N` the same at `nice -n 19` (other pods using whatever CPU is spare); `--isa avx2` caps
+every system to AVX2 (an AVX-512 CPU standing in for one without it). Prints the CPU model, its ISA flags, the
+condition, each system's threads and configuration, then the tables with ratios to the best peer measured in the
+same run.
 
     .venv/bin/python bench/bench_cpu.py                       # both tasks, both mixes, every system
     .venv/bin/python bench/bench_cpu.py --stress 2            # the same with `stress --cpu 2` beside it
+    .venv/bin/python bench/bench_cpu.py --neighbours 2 --isa avx2   # low-priority neighbours, capped to AVX2
     .venv/bin/python bench/bench_cpu.py --quick --tasks rerank --systems scorekeeper,scorekeeper-int8,vllm
 """
 
@@ -34,16 +37,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import http_servers
 from bench_minilm import MIXES, make_workload
-from common import REPO, Peer, log, markdown_table, max_abs_diff, median, set_threads
+from common import AVX2_CAP, REPO, Peer, background_load, log, markdown_table, max_abs_diff, median, set_threads
 
 CROSS_ENCODER_DIR = REPO / ".cache" / "models" / "minilm-cross-encoder"
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
 IN_PROCESS = {"rerank": {"st": "st-cross", "hf": "hf-cross"}, "embed": {"st": "st", "hf": "hf"}}
 LABELS = {"scorekeeper": "scorekeeper float32 (HTTP)", "scorekeeper-int8": "scorekeeper int8 (HTTP)",
+          "scorekeeper-iomp": "scorekeeper float32, Intel OpenMP + tcmalloc (HTTP)",
           "vllm": "vLLM CPU (HTTP)", "vllm-bind-all": "vLLM CPU, compute on every core (HTTP)",
           "infinity": "Infinity (HTTP)", "st": "sentence-transformers (in-process)",
           "hf": "transformers padded, batch 32 (in-process)"}
-OURS = ("scorekeeper", "scorekeeper-int8")
+OURS = ("scorekeeper", "scorekeeper-int8", "scorekeeper-iomp")
 
 
 def cross_encoder_dir() -> Path:
@@ -70,13 +74,15 @@ def cpu_description() -> tuple[str, list[str]]:
 def start(system: str, task: str, model: Path, threads: int, cpus: set[int]) -> Any:
     if system in OURS:
         extra = ["--quantization", "int8"] if system == "scorekeeper-int8" else []
-        return http_servers.scorekeeper(system, model, threads, cpus, extra)
+        return http_servers.scorekeeper(system, model, threads, cpus, extra,
+                                        http_servers.INTEL_OPENMP if system == "scorekeeper-iomp" else None)
     if system.startswith("vllm"):
         return http_servers.vllm(model, cpus, "auto" if system == "vllm" else f"{min(cpus)}-{max(cpus)}")
     if system == "infinity":
         return http_servers.infinity(model, threads, cpus)
     peer = Peer(IN_PROCESS[task][system], model, "float32", {"query": "", "items": []})
     peer.threads = f"{threads} (OMP_NUM_THREADS)"  # type: ignore[attr-defined]
+    peer.config = f"OMP_NUM_THREADS={threads}, in-process"  # type: ignore[attr-defined]
     return peer
 
 
@@ -95,7 +101,7 @@ def run_task(task: str, systems: list[str], workloads: dict[str, dict[str, Any]]
     model = cross_encoder_dir() if task == "rerank" else minilm_path()
     runners: dict[str, Any] = {}
     records: list[dict[str, Any]] = []
-    stress = None
+    loads: list[subprocess.Popen[bytes]] = []
     try:
         for system in systems:
             why = http_servers.available(system)
@@ -108,9 +114,9 @@ def run_task(task: str, systems: list[str], workloads: dict[str, dict[str, Any]]
             if why is not None:
                 log(f"{system} unavailable: {why}")
                 records += [{"task": task, "mix": mix, "system": system, "unavailable": why} for mix in workloads]
-        if args.stress:
-            stress = subprocess.Popen(["stress", "--cpu", str(args.stress)], stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL, start_new_session=True)
+        for command in load_commands(args):
+            loads.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                          start_new_session=True))
         for mix, workload in workloads.items():
             times: dict[str, list[float]] = {s: [] for s in runners}
             scores: dict[str, list[float]] = {}
@@ -123,15 +129,21 @@ def run_task(task: str, systems: list[str], workloads: dict[str, dict[str, Any]]
                 log(f"{task} {mix} rep {rep + 1}/{args.reps}: "
                     + ", ".join(f"{s} {times[s][-1]:.2f}s" for s in runners))
             records += [{"task": task, "mix": mix, "system": s, "times": times[s], "scores": scores[s],
-                         "threads": runners[s].threads, "items_per_s": len(workload["items"]) / median(times[s])}
-                        for s in runners]
+                         "threads": runners[s].threads, "config": runners[s].config,
+                         "items_per_s": len(workload["items"]) / median(times[s])} for s in runners]
     finally:
-        if stress is not None:
-            os.killpg(stress.pid, 15)
-            stress.wait(30)
+        for load in loads:
+            os.killpg(load.pid, 15)
+            load.wait(30)
         for runner in runners.values():
             runner.close()
     return records
+
+
+def load_commands(args: argparse.Namespace) -> list[list[str]]:
+    """The background load of the run's condition (`--stress`, `--neighbours`: both may be given)."""
+    conditions = (("stress", args.stress), ("neighbours", args.neighbours))
+    return [command for condition, cpus in conditions if cpus and (command := background_load(condition, cpus))]
 
 
 def spearman(a: list[float], b: list[float]) -> float:
@@ -187,6 +199,10 @@ def main() -> None:
     parser.add_argument("--cpus", help="CPU list every process is pinned to, e.g. 0-1 (default: this process's)")
     parser.add_argument("--threads", type=int, help="threads per system (default: the CPUs pinned to)")
     parser.add_argument("--stress", type=int, default=0, help="run `stress --cpu N` on the same CPUs throughout")
+    parser.add_argument("--neighbours", type=int, default=0,
+                        help="run `nice -n 19 stress --cpu N` on the same CPUs throughout (low-priority neighbours)")
+    parser.add_argument("--isa", choices=("native", "avx2"), default="native",
+                        help="avx2: cap every system to AVX2 (common.AVX2_CAP)")
     parser.add_argument("--items", type=int, default=200)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
@@ -194,6 +210,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="3 repetitions after 1 warm-up")
     parser.add_argument("--json", type=Path, help="write the raw records here")
     args = parser.parse_args()
+    if args.isa == "avx2":
+        os.environ.update(AVX2_CAP)  # before torch loads here; every child inherits it
     if args.quick:
         args.reps, args.warmup = 3, 1
     if args.cpus:
@@ -210,11 +228,16 @@ def main() -> None:
     for task in args.tasks.split(","):
         records += run_task(task, args.systems.split(","), workloads, args, cpus)
     model, flags = cpu_description()
-    print(f"\nCPU: {model}; ISA flags: {', '.join(flags) or 'none of ' + ', '.join(ISA_FLAGS)}; pinned to CPUs "
-          f"{sorted(cpus)}; load average before the run {load}; stress --cpu {args.stress or 'off'}; "
+    condition = ", ".join(" ".join(command) for command in load_commands(args)) or "quiet (no background load)"
+    isa = "capped to AVX2 for every system: " + " ".join(f"{k}={v}" for k, v in AVX2_CAP.items()) \
+        if args.isa == "avx2" else "native"
+    print(f"\nCPU: {model}; ISA flags: {', '.join(flags) or 'none of ' + ', '.join(ISA_FLAGS)}; instructions: {isa}; "
+          f"pinned to CPUs {sorted(cpus)}; load average before the run {load}; condition: {condition}; "
           f"{args.reps} repetitions after {args.warmup} warm-up, medians; 1 query × {args.items} documents: "
           + "; ".join(f"{m} mix {MIXES[m][0]}–{MIXES[m][1]} tokens, {w['tokens']} tokens in all"
                       for m, w in workloads.items()))
+    configs = {r["system"]: r["config"] for r in records if "config" in r}
+    print("\nConfigurations:\n" + "\n".join(f"- {LABELS[system]}: `{config}`" for system, config in configs.items()))
     print(report(records))
     if args.json:
         args.json.write_text(json.dumps(records, indent=1))

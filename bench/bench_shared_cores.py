@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import log, machine_note, markdown_table, median
+from common import background_load, log, machine_note, markdown_table, median
 from scorekeeper_worker.cli import CACHE_BOUNDS
 
 # arm → (OpenMP environment, intra-op threads, concurrent single-threaded halves of the request)
@@ -38,19 +38,13 @@ ARMS: dict[str, tuple[dict[str, str], int, int]] = {
     "passive-2": ({"OMP_WAIT_POLICY": "PASSIVE"}, 2, 1),  # the worker's default so far
     "active-2": ({"OMP_WAIT_POLICY": "ACTIVE"}, 2, 1),
     "gomp-default-2": ({}, 2, 1),  # libgomp's own default: spin 300,000 iterations, then sleep
+    "spin1k-2": ({"GOMP_SPINCOUNT": "1000"}, 2, 1),
     "spin10k-2": ({"GOMP_SPINCOUNT": "10000"}, 2, 1),
     "passive-2-pinned": ({"OMP_WAIT_POLICY": "PASSIVE", "OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}, 2, 1),
     "passive-1": ({"OMP_WAIT_POLICY": "PASSIVE"}, 1, 1),
     "inter-2x1": ({"OMP_WAIT_POLICY": "PASSIVE"}, 1, 2),  # two halves at once, one thread each
 }
 OPENMP_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_PROC_BIND", "OMP_PLACES", "KMP_BLOCKTIME")
-
-
-def neighbour_command(condition: str, cpus: int) -> list[str] | None:
-    if condition == "quiet":
-        return None
-    stress = ["stress", "--cpu", str(cpus)]
-    return ["nice", "-n", "19", *stress] if condition == "neighbours" else stress
 
 
 def child(args: argparse.Namespace, arm: str) -> None:
@@ -148,7 +142,7 @@ def main() -> None:
             log(f"starting arm {name}")
             arms.append(Arm(name, forwarded))
         for condition in args.conditions.split(","):
-            command = neighbour_command(condition, args.neighbour_cpus)
+            command = background_load(condition, args.neighbour_cpus)
             neighbour = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                          start_new_session=True) if command else None
             try:
@@ -174,7 +168,7 @@ def main() -> None:
             rows.append([f"{condition} (load {loads[condition]:.1f})", name, f"{s:.3f}", f"{args.items / s:.0f}",
                          f"{base / s:.2f}×", f"{median(quiet) / s:.2f}×" if quiet else ""])
     print(machine_note())
-    neighbours = " ".join(neighbour_command("neighbours", args.neighbour_cpus) or [])
+    neighbours = " ".join(background_load("neighbours", args.neighbour_cpus) or [])
     print(f"all-MiniLM-L6-v2 embeddings, float32, 1 query × {args.items} {args.mix} documents, median of "
           f"{args.rounds} interleaved rounds; neighbours: {neighbours}")
     print(markdown_table(["condition", "arm", "s/request", "docs/s", f"speed vs {names[0]}", "speed vs quiet"],

@@ -30,6 +30,27 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_P
                "INFINITY_ANONYMOUS_USAGE_STATS": "0", "DO_NOT_TRACK": "1"}
 
 
+# An AVX-512 CPU capped to AVX2 for torch's own kernels, oneDNN (torch's and OpenVINO's) and FBGEMM: how the
+# benchmarks emulate a CPU without AVX-512 or VNNI (set before a process loads any of them).
+AVX2_CAP = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}
+
+
+def background_load(condition: str, cpus: int) -> list[str] | None:
+    """The command of a benchmark condition's background load, to start in a session of its own:
+    - "quiet": none;
+    - "stress": `stress --cpu N` at an equal share of the CPUs (like another pod with the same CPU request);
+    - "neighbours": the same at the lowest priority, using only what CPU is spare (like BestEffort pods).
+    With the kernel's autogroups (`/proc/sys/kernel/sched_autogroup_enabled`), `nice` counts only within a session:
+    a `nice -n 19` process in another session still takes an equal share. So "neighbours" sets its session's
+    autogroup to nice 19 as well."""
+    if condition == "quiet":
+        return None
+    stress = f"stress --cpu {cpus}"
+    if condition == "stress":
+        return stress.split()
+    return ["sh", "-c", f"echo 19 > /proc/self/autogroup 2>/dev/null; exec nice -n 19 {stress}"]
+
+
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 

@@ -16,15 +16,23 @@ import httpx
 from common import REPO, _stop, child_env, free_port, log, post_json, wait_ready
 
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+# vLLM's CPU performance tips: TCMalloc and Intel OpenMP preloaded (Debian's libtcmalloc-minimal4; intel-openmp's
+# wheel puts libiomp5.so in the venv's lib/).
+VLLM_PRELOAD = (Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"), REPO / ".venv-vllm" / "lib" / "libiomp5.so")
+# The worker with vLLM's OpenMP runtime and settings (the `scorekeeper-iomp` arm; docs/benchmarks.md "Peers as their
+# documentation recommends"): the worker leaves OpenMP alone when KMP_BLOCKTIME is set.
+INTEL_OPENMP = {"LD_PRELOAD": ":".join(map(str, VLLM_PRELOAD)), "KMP_BLOCKTIME": "5", "KMP_TPAUSE": "0"}
 INFINITY = REPO / ".venv-bench" / "bin" / "infinity_emb"
 
 
 class HttpServer:
     """A server process on a loopback port, pinned to `cpus`, polled until `ready_path` answers 200."""
 
-    def __init__(self, name: str, cmd: list[str], port: int, cpus: set[int], env: dict[str, str],
+    def __init__(self, name: str, cmd: list[str], model: Path, port: int, cpus: set[int], env: dict[str, str],
                  ready_path: str, threads: str, ready_timeout: float = 900.0) -> None:
         self.name, self.port, self.threads = name, port, threads
+        # What the tables print for this system: its environment and its command line after the model path.
+        self.config = " ".join([*(f"{k}={v}" for k, v in env.items()), *cmd[cmd.index(str(model)) + 1:]])
         self.url = f"http://127.0.0.1:{port}"
         self.log_file = tempfile.NamedTemporaryFile(prefix=f"bench-{name}-", suffix=".log", delete=False)  # noqa: SIM115
         log(f"starting {name}: {' '.join(cmd)}")
@@ -71,12 +79,13 @@ def cosines(vectors: list[list[float]]) -> list[float]:
     return [sum(a * b for a, b in zip(query, v, strict=True)) / (norm(query) * norm(v)) for v in vectors[1:]]
 
 
-def scorekeeper(name: str, model: Path, threads: int, cpus: set[int], extra: list[str]) -> HttpServer:
+def scorekeeper(name: str, model: Path, threads: int, cpus: set[int], extra: list[str],
+                env: dict[str, str] | None = None) -> HttpServer:
     port = free_port()
     cmd = [sys.executable, "-c", "from scorekeeper_worker.cli import main; main()", "serve", "--model", str(model),
            "--host", "127.0.0.1", "--port", str(port), "--threads", str(threads), "--log-level", "warning",
            "--termination-log", os.devnull, *extra]
-    return HttpServer(name, cmd, port, cpus, {}, "/ready", f"{threads} (--threads)")
+    return HttpServer(name, cmd, model, port, cpus, env or {}, "/ready", f"{threads} (--threads)")
 
 
 def vllm(model: Path, cpus: set[int], bind: str) -> HttpServer:
@@ -86,9 +95,12 @@ def vllm(model: Path, cpus: set[int], bind: str) -> HttpServer:
     cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host",
            "127.0.0.1", "--port", str(port), "--dtype", "float32", "--served-model-name", "m"]
     env = {"VLLM_CPU_OMP_THREADS_BIND": bind, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    preload = [str(path) for path in VLLM_PRELOAD if path.exists()]
+    if preload:
+        env["LD_PRELOAD"] = ":".join(preload)
     compute = len(cpus) - 1 if bind == "auto" and len(cpus) > 1 else len(cpus)
     threads = f"{compute} compute + frontend core (bind {bind})" if bind == "auto" else f"{compute} (bind {bind})"
-    return HttpServer("vllm" if bind == "auto" else "vllm-bind-all", cmd, port, cpus, env, "/health", threads)
+    return HttpServer("vllm" if bind == "auto" else "vllm-bind-all", cmd, model, port, cpus, env, "/health", threads)
 
 
 def infinity(model: Path, threads: int, cpus: set[int]) -> HttpServer:
@@ -96,7 +108,7 @@ def infinity(model: Path, threads: int, cpus: set[int]) -> HttpServer:
     cmd = [str(INFINITY), "v2", "--model-id", str(model), "--served-model-name", "m", "--port", str(port),
            "--host", "127.0.0.1", "--engine", "torch", "--device", "cpu", "--batch-size", "32", "--no-model-warmup"]
     env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    return HttpServer("infinity", cmd, port, cpus, env, "/health", f"{threads} (OMP_NUM_THREADS)")
+    return HttpServer("infinity", cmd, model, port, cpus, env, "/health", f"{threads} (OMP_NUM_THREADS)")
 
 
 def available(system: str) -> str | None:
