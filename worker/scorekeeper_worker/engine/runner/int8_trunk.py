@@ -94,7 +94,7 @@ def ffn_output_modules(trunk: torch.nn.Module, hidden_size: int, layers: int = F
                        ) -> tuple[str, ...]:
     """The module paths (as exact patterns) of the feed-forward output projections of the trunk's first `layers`
     layers: the linear layers that project a wider width back to the model's width (BERT's `output.dense`,
-    ModernBERT's `mlp.Wo`, DistilBERT's `ffn.lin2`), in the trunk's module order, one per layer. None when the trunk
+    ModernBERT's `mlp.Wo`, DistilBERT's `ffn.lin2`), in the trunk's module order, one per layer. Empty when the trunk
     has no such layer (then every linear layer is int8)."""
     found = [name for name, module in trunk.named_modules() if isinstance(module, torch.nn.Linear)
              and module.out_features == hidden_size and module.in_features > hidden_size]
