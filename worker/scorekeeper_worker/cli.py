@@ -154,7 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--quantization-min-speedup", "certificate: refuse to become ready when int8 scores the probe set at less "
         "than this multiple of float32's speed (default 1: int8 must be faster; 0: no bound)", type=float)
     add("--quantization-float32-modules", "int8: comma-separated regular expressions of trunk module paths whose "
-        "linear layers stay float32, for accuracy (e.g. encoder.layer.[0-2].output.dense)")
+        "linear layers stay float32, for accuracy (e.g. encoder.layer.[0-2].output.dense), replacing the default: "
+        "the feed-forward output projections of the first three layers, found by their shape in any encoder; "
+        "an empty value quantizes every linear layer")
     add("--decision-template", "/v1/decisions and /v1/systemone (causal LMs): a Jinja file in the chat-template "
         "language that renders a conversation ending in one question into the prompt, replacing the built-in one "
         "(the model's own chat template; docs/decisions.md)", type=Path)

@@ -101,7 +101,7 @@ class WorkerConfig(BaseModel):
     quantization_max_score_delta: float | None = Field(None, gt=0)
     quantization_min_top10: float | None = Field(None, ge=0, le=1)
     quantization_min_speedup: float = Field(1.0, ge=0)
-    quantization_float32_modules: tuple[str, ...] | None = None  # None: every linear layer int8
+    quantization_float32_modules: tuple[str, ...] | None = None  # None: the default (int8_trunk.ffn_output_modules)
     decision_template: Path | None = None
 
     @field_validator("threads", mode="before")

@@ -7,7 +7,13 @@ gathered rows) stay the engine's. Quantization is post-training and static (NNCF
 per channel, activations int8 with ranges measured on calibration blocks that went through the engine itself
 (`RecordingTrunk`), so they have exactly the shapes and inputs served blocks have. Everything that is not int8
 runs in float32 (OpenVINO's CPU default would be bfloat16 on CPUs that have it). OpenVINO and NNCF are the optional
-`cpu-int8` extra; docs/operations.md says why OpenVINO rather than ONNX Runtime."""
+`cpu-int8` extra; docs/operations.md says why OpenVINO rather than ONNX Runtime.
+
+Accuracy first (docs/benchmarks.md, "int8 accuracy"): by default the feed-forward output projections of the first
+`FLOAT32_FFN_LAYERS` layers stay float32 (their inputs, the activation function's outputs, are the activations int8
+handles worst), found by role rather than by name so any encoder gets them (`ffn_output_modules`), and SmoothQuant
+moves less of each activation's range into the weights than NNCF's transformer preset does
+(`SMOOTH_QUANT_ALPHA` 0.8 instead of 0.95). `--quantization-float32-modules` replaces the default modules."""
 
 from __future__ import annotations
 
@@ -24,6 +30,8 @@ from scorekeeper_worker.model.loader import ScoringModel
 log = logging.getLogger(__name__)
 
 INPUTS = ("input_ids", "attention_mask", "position_ids", "token_type_ids")
+FLOAT32_FFN_LAYERS = 3  # the first layers whose feed-forward output projection stays float32 by default
+SMOOTH_QUANT_ALPHA = 0.8  # SmoothQuant's migration strength for matrix products (NNCF's transformer preset: 0.95)
 
 
 class Int8Unavailable(RuntimeError):
@@ -82,12 +90,25 @@ def _imports() -> tuple[Any, Any]:
     return openvino, nncf
 
 
+def ffn_output_modules(trunk: torch.nn.Module, hidden_size: int, layers: int = FLOAT32_FFN_LAYERS
+                       ) -> tuple[str, ...]:
+    """The module paths (as exact patterns) of the feed-forward output projections of the trunk's first `layers`
+    layers: the linear layers that project a wider width back to the model's width (BERT's `output.dense`,
+    ModernBERT's `mlp.Wo`, DistilBERT's `ffn.lin2`), in the trunk's module order, one per layer. Empty when the trunk
+    has no such layer (then every linear layer is int8)."""
+    found = [name for name, module in trunk.named_modules() if isinstance(module, torch.nn.Linear)
+             and module.out_features == hidden_size and module.in_features > hidden_size]
+    return tuple(re.escape(name) for name in found[:layers])
+
+
 def quantized_model(model: ScoringModel, calibration: list[dict[str, np.ndarray]],
-                    float32_modules: tuple[str, ...] = ()) -> tuple[Any, tuple[str, ...]]:
+                    float32_modules: tuple[str, ...] | None = None) -> tuple[Any, tuple[str, ...]]:
     """Convert the float32 trunk (with torch's SDPA attention, which converts) and quantize it on the calibration
     blocks: the OpenVINO model and its input names. `float32_modules`: regular expressions of trunk module paths
-    (`encoder.layer.[0-2].output.dense`) whose linear layers stay float32."""
+    (`encoder.layer.[0-2].output.dense`) whose linear layers stay float32; None: `ffn_output_modules`."""
     openvino, nncf = _imports()
+    if float32_modules is None:
+        float32_modules = ffn_output_modules(model.trunk, model.hidden_size)
     names = tuple(name for name in INPUTS if name in calibration[0])
     example = tuple(torch.from_numpy(calibration[0][name]) for name in names)
     wrapper = _Hidden(model.trunk, names).eval()
@@ -113,15 +134,19 @@ def quantized_model(model: ScoringModel, calibration: list[dict[str, np.ndarray]
             raise Int8Unavailable(f"--quantization-float32-modules: {path!r} matches no linear layer of the trunk; "
                                   f"its linear layers are {modules[:4]} … ({len(modules)} in all)")
     ignored = nncf.IgnoredScope(patterns=patterns, validate=False)
+    advanced = nncf.AdvancedQuantizationParameters(
+        smooth_quant_alphas=nncf.AdvancedSmoothQuantParameters(matmul=SMOOTH_QUANT_ALPHA))
     quantized = nncf.quantize(converted, dataset, model_type=nncf.ModelType.TRANSFORMER,
-                              subset_size=len(calibration), ignored_scope=ignored)
+                              subset_size=len(calibration), ignored_scope=ignored, advanced_parameters=advanced)
     return quantized, names
 
 
 def quantize(model: ScoringModel, calibration: list[dict[str, np.ndarray]], threads: int,
-             float32_modules: tuple[str, ...] = ()) -> Int8Trunk:
+             float32_modules: tuple[str, ...] | None = None) -> Int8Trunk:
     """`quantized_model`, compiled for this CPU with `threads` threads."""
     openvino, _ = _imports()
+    if float32_modules is None:
+        float32_modules = ffn_output_modules(model.trunk, model.hidden_size)
     quantized, names = quantized_model(model, calibration, float32_modules)
     compiled = openvino.Core().compile_model(quantized, "CPU", {
         "INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"})
