@@ -7,7 +7,9 @@ static bucket, float32 eager with dynamic shapes, bfloat16 static bucket), on a 
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -145,3 +147,24 @@ def test_the_flag_defaults_to_off_until_proven_on_a_gpu() -> None:
                            "--compile-cache-dir", "/cache/compile"], environ={})
     assert (config.compile, config.compile_budget_seconds) == (CompileMode.ON, 90.0)
     assert config.compile_cache_dir == Path("/cache/compile")
+
+
+def test_the_compile_cache_is_keyed_by_the_cpu_vector_instructions(tmp_path: Path) -> None:
+    """A cache written by an AVX-512 process and read by an AVX2 one ran 16-lane kernels built for 8 lanes (an abort
+    in the suite capped to AVX2): each instruction set gets its own directory, and so does Inductor's default."""
+    code = ("import os; from pathlib import Path; from scorekeeper_worker.engine.runner.compiled_trunk import "
+            "CompiledTrunk, keyed_cache_dir; import torch; "
+            "trunk = torch.nn.Sequential(torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)])); "
+            "CompiledTrunk(trunk); print(keyed_cache_dir(Path('/cache'))); "
+            "print(os.environ['TORCHINDUCTOR_CACHE_DIR'])")
+
+    def directories(isa: str) -> list[str]:
+        environ = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+        environ["ATEN_CPU_CAPABILITY"] = isa
+        return subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True,
+                              check=True).stdout.split()
+
+    native, avx2 = directories("default"), directories("avx2")
+    assert avx2[0] == f"/cache/torch-{torch.__version__}-avx2" and avx2[1].endswith(avx2[0].split("/")[-1])
+    host_has_avx512 = "avx512f" in Path("/proc/cpuinfo").read_text()
+    assert (native != avx2) == host_has_avx512, (native, avx2)

@@ -14,7 +14,8 @@ Failures never stop the worker: a compile (or a compiled pass) that raises is lo
 for (a bucket, or the eager path) is switched to the uncompiled layers; the pass is re-run uncompiled. Compile time
 is bounded by a budget: once spent, keys not yet compiled stay uncompiled (logged once). Compiled artifacts go to
 `cache_dir` (Inductor's and Triton's caches, and torch.compiler's cache artifacts, saved after start-up and loaded
-before the first compile) so a second start of the same model on the same GPU type skips most of the work.
+before the first compile) so a second start of the same model on the same GPU type skips most of the work; under
+a directory per torch version and CPU vector instruction set (`keyed_cache_dir`).
 """
 
 from __future__ import annotations
@@ -72,6 +73,17 @@ def trunk_layers(trunk: torch.nn.Module) -> list[torch.nn.Module]:
     return best
 
 
+def keyed_cache_dir(base: Path) -> Path:
+    """This process's directory under a compile cache: one per torch version and CPU vector instruction set.
+    Inductor's graph cache does not key on the vector width its C++ kernels were generated for, so a cache written
+    on an AVX-512 machine and read under AVX2 (a volume shared by nodes of two CPU generations, or a process capped
+    with ATEN_CPU_CAPABILITY) runs 16-lane kernels built with 8 lanes: out-of-bounds reads, seen as an abort."""
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    isa = pick_vec_isa()
+    return base / f"torch-{torch.__version__}-{str(isa).replace(' ', '-') if isa else 'scalar'}"
+
+
 def use_cache_dir(path: Path) -> None:
     """Point Inductor's and Triton's caches at `path` (a volume the operator can mount) and load the cache
     artifacts a previous start saved there. Called before the first compile of the process."""
@@ -118,7 +130,12 @@ class CompiledTrunk:
         if not layers:
             raise ValueError("no repeated layers to compile in this trunk")
         if self.cache_dir is not None:
+            self.cache_dir = keyed_cache_dir(self.cache_dir)
             use_cache_dir(self.cache_dir)
+        elif "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # Inductor's default directory, keyed all the same
+            from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(keyed_cache_dir(Path(default_cache_dir())))
         import torch._dynamo.config as dynamo_config
 
         dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
