@@ -145,6 +145,8 @@ def quantize(model: ScoringModel, calibration: list[dict[str, np.ndarray]], thre
              float32_modules: tuple[str, ...] | None = None) -> Int8Trunk:
     """`quantized_model`, compiled for this CPU with `threads` threads."""
     openvino, _ = _imports()
+    if float32_modules is None:  # resolved here too: the start-up log names the modules kept float32
+        float32_modules = ffn_output_modules(model.trunk, model.hidden_size)
     quantized, names = quantized_model(model, calibration, float32_modules)
     compiled = openvino.Core().compile_model(quantized, "CPU", {
         "INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"})
