@@ -45,7 +45,7 @@ def test_layer_contracts_hold() -> None:
     # the queue reaching HTTP
     ("worker/scorekeeper_worker/engine/queue/scheduler.py", "import starlette"),
     # the runner reaching up into the queue
-    ("worker/scorekeeper_worker/engine/runner/heads.py", "from scorekeeper_worker.engine.queue import jobs"),
+    ("worker/scorekeeper_worker/engine/runner/forward.py", "from scorekeeper_worker.engine.queue import jobs"),
     # the wire format reaching up into the routes
     ("worker/scorekeeper_worker/api/wire/score.py", "from scorekeeper_worker.api.routes import rerank"),
 ])

@@ -21,8 +21,7 @@ from scorekeeper_worker.engine.runner.packing import PackUnit, Pool
 from scorekeeper_worker.model.loader import ScoringModel
 from scorekeeper_worker.planning.decision_prompts import DecisionTokens
 from scorekeeper_worker.planning.encoding import too_long
-from scorekeeper_worker.planning.planner import admit, mis_chunks
-from scorekeeper_worker.planning.readout import rope_table
+from scorekeeper_worker.planning.planner import admit, mis_chunks, rope_table
 from scorekeeper_worker.planning.template_encoding import common_prefix
 
 
@@ -47,7 +46,7 @@ def admit_early(input_tokens: int, question_tokens: list[int], multi_item: bool,
 
 
 def _rope_tables(model: ScoringModel, tokens: DecisionTokens, fields: list[str]) -> list[int]:
-    """Each question's RoPE table (model/rope.py), after its length check. transformers picks the table of each
+    """Each question's RoPE table (model/trunk_patches.py), after its length check. transformers picks the table of each
     flat `prompt + option` from its own length; a question whose options would take different tables (a longrope
     model, the prompt at its original maximum) is refused rather than answered from one table."""
     tables = []

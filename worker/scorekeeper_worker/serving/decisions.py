@@ -21,7 +21,7 @@ from scorekeeper_worker.planning import decision_plan, decision_prompts
 from scorekeeper_worker.planning.decision_prompts import DecisionAsk
 from scorekeeper_worker.planning.encoding import too_long
 from scorekeeper_worker.planning.readable_ids import check_rows
-from scorekeeper_worker.serving.served import Served, run_job
+from scorekeeper_worker.serving.service import Served, run_job
 
 if TYPE_CHECKING:
     from scorekeeper_worker.serving.service import ScoringService

@@ -11,11 +11,9 @@ from scorekeeper_worker.base.config import PooledHiddenStates, WorkerConfig
 from scorekeeper_worker.base.errors import Invalid, ResponseTooLarge
 from scorekeeper_worker.engine.queue.jobs import JobResult, ScoreJob
 from scorekeeper_worker.model.loader import ModelKind, ScoringModel
-from scorekeeper_worker.planning.ask import ScoreAsk
 from scorekeeper_worker.planning.encoding import check_token_ids
-from scorekeeper_worker.planning.planner import ScorePlan, plan, tokenize
+from scorekeeper_worker.planning.planner import ScoreAsk, ScorePlan, plan, refuse_early, tokenize
 from scorekeeper_worker.planning.readable_ids import check_rows
-from scorekeeper_worker.planning.token_budget import refuse_early
 
 # An upper bound of the JSON a response takes: the longest float Python writes ("-1.2345678901234567e-308") and its
 # comma; the brackets and commas of an item's score and pooled lists; the fixed fields (usage, object) with room to

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request, Response
 
-from scorekeeper_worker.api.middleware.disconnect import cancel_on_disconnect
+from scorekeeper_worker.api.middleware.per_request import cancel_on_disconnect
 from scorekeeper_worker.api.routes.systemone import systemone_ask, systemone_response
 from scorekeeper_worker.api.wire.decisions import (
     ChoiceAnswer,

@@ -15,8 +15,8 @@ from scorekeeper_worker.api.wire.score import Usage
 from scorekeeper_worker.base.errors import Invalid
 from scorekeeper_worker.base.logs import REQUEST_ID
 from scorekeeper_worker.model.loader import ModelKind
-from scorekeeper_worker.planning.ask import ScoreAsk
 from scorekeeper_worker.planning.encoding import Direction, LengthRules
+from scorekeeper_worker.planning.planner import ScoreAsk
 
 if TYPE_CHECKING:
     from scorekeeper_worker.serving.service import ScoringService

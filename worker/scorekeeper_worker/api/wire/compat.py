@@ -19,8 +19,8 @@ from scorekeeper_worker.api.wire.score import (
     Usage,
     integral,
 )
-from scorekeeper_worker.planning.ask import ScoreAsk
 from scorekeeper_worker.planning.encoding import Direction, LengthRules
+from scorekeeper_worker.planning.planner import ScoreAsk
 
 
 def _id_shape(value: Any) -> str | None:

@@ -16,8 +16,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from scorekeeper_worker.base.errors import Invalid
-from scorekeeper_worker.planning.ask import ScoreAsk
 from scorekeeper_worker.planning.encoding import Direction, LengthRules
+from scorekeeper_worker.planning.planner import ScoreAsk
 from scorekeeper_worker.serving.service import Scored
 
 # The largest integer a request may hold: beyond it a JSON number is no longer exact in every client (JavaScript,
