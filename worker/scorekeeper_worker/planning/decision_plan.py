@@ -57,7 +57,7 @@ def _rope_tables(model: ScoringModel, tokens: DecisionTokens, fields: list[str])
                            " (the input, in the decision prompt, with this question and its longest option)")
         table = rope_table(model, max(lengths))
         if rope_table(model, min(lengths)) != table:
-            raise Invalid(f"{field}: the prompt with this question's shortest and longest options is "
+            raise Invalid(field, f"the prompt with this question's shortest and longest options is "
                              f"{min(lengths)} and {max(lengths)} tokens, either side of the model's "
                              f"{model.rope.long_after}-token RoPE threshold (longrope); give options of one length "
                              "or a shorter input")

@@ -96,15 +96,15 @@ def _check_prompt(model: ScoringModel, request: ScoreAsk, text: bool) -> None:
     wraps text pairs only."""
     template = model.template
     if template is not None and text and request.item_first:
-        raise Invalid("item_first: this server's prompt template (--prompt-template) places the item itself")
+        raise Invalid("item_first", "this server's prompt template (--prompt-template) places the item itself")
     if request.instruct is None:
         return
     if template is None:
-        raise Invalid("instruct: this server has no prompt template (--prompt-template) to put it in")
+        raise Invalid("instruct", "this server has no prompt template (--prompt-template) to put it in")
     if not text:
-        raise Invalid("instruct: token-id inputs are used verbatim, without the prompt template; send text")
+        raise Invalid("instruct", "token-id inputs are used verbatim, without the prompt template; send text")
     if not template.has_instruct:
-        raise Invalid(f"instruct: the prompt template {template.name} has no {{instruct}}")
+        raise Invalid("instruct", f"the prompt template {template.name} has no {{instruct}}")
 
 
 def embedding_prompt(model: ScoringModel, prompt_name: str | None) -> Prompt | None:
@@ -116,7 +116,7 @@ def embedding_prompt(model: ScoringModel, prompt_name: str | None) -> Prompt | N
         return model.sentence_config.prompt(prompt_name)
     except KeyError:
         names = ", ".join(repr(name) for name in sorted(model.sentence_config.prompts))
-        raise Invalid(f"prompt_name: {prompt_name!r} is not one of this model's prompts ({names})") from None
+        raise Invalid("prompt_name", f"{prompt_name!r} is not one of this model's prompts ({names})") from None
 
 
 def tokenize(model: ScoringModel, request: ScoreAsk) -> Tokenized:
@@ -148,9 +148,9 @@ def tokenize(model: ScoringModel, request: ScoreAsk) -> Tokenized:
 
 def _too_long(model: ScoringModel, length: int, what: str) -> None:
     if length > model.max_positions:
-        raise Invalid(f"{what}: sequence of {length} tokens exceeds the model's maximum of {model.max_positions}")
+        raise Invalid(what, f"sequence of {length} tokens exceeds the model's maximum of {model.max_positions}")
     if length == 0:
-        raise Invalid(f"{what}: empty sequence (empty query and empty item, no special tokens) cannot be scored")
+        raise Invalid(what, "empty sequence (empty query and empty item, no special tokens) cannot be scored")
 
 
 def _pooled(pooling: Pooling, length: int, first: int = 0) -> range:
@@ -246,7 +246,7 @@ def plan(model: ScoringModel, request: ScoreAsk, tokens: Tokenized, multi_item: 
             where = "query" if slot == QUERY_SLOT else _where(tokens, slot)
             _too_long(model, len(ids), where)
             if tokens.pool_from >= len(ids):
-                raise Invalid(f"{where}: nothing left to pool after the model's prompt ({tokens.pool_from} tokens, "
+                raise Invalid(where, f"nothing left to pool after the model's prompt ({tokens.pool_from} tokens, "
                                  "which its pooling leaves out: include_prompt false) within its maximum of "
                                  f"{model.max_positions} tokens")
         planned = sum(len(ids) for _, ids in sequences)

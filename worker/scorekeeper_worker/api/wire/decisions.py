@@ -215,7 +215,7 @@ def _unique_values(keys: list[Any], field: str, what: str) -> None:
     for index, key in enumerate(keys):
         if key in seen:
             value = key[1] if isinstance(key, tuple) else key
-            raise Invalid(f"[{index}].{field} {value!r} repeats [{seen[key]}].{field}; each {what} must be unique")
+            raise Invalid(f"[{index}].{field}", f"{value!r} repeats [{seen[key]}].{field}; each {what} must be unique")
         seen[key] = index
 
 

@@ -131,18 +131,18 @@ class ScoreRequest(BaseModel):
         if isinstance(data, dict):
             for name in UNSUPPORTED_SGLANG_FIELDS:
                 if data.get(name) is not None and data.get(name) is not False:
-                    raise Invalid(f"{name} is not supported by this server")
+                    raise Invalid(name, "not supported by this server")
         return data
 
     @model_validator(mode="after")
     def _consistent(self) -> ScoreRequest:
         if self.temperature != 1.0 and not self.apply_softmax:
-            raise Invalid("temperature requires apply_softmax=true")
+            raise Invalid("temperature", "requires apply_softmax=true")
         items = [self.items] if isinstance(self.items, str) else self.items
         if self.query is None:
             self.query = [] if items and isinstance(items[0], list) else ""
         if items and isinstance(self.query, str) != isinstance(items[0], str):
-            raise Invalid("query and items must be the same kind: all text or all token ids")
+            raise Invalid("items", "query and items must be the same kind: all text or all token ids")
         self.items = items
         return self
 
