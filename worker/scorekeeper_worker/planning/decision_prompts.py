@@ -15,6 +15,7 @@ after the prompt: the name tokenized alone. The prompt lists every option by tha
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -72,6 +73,11 @@ class DecisionTokens:
 def json_text(value: Any) -> str:
     """A JSON value as the model reads it: text as is, anything else as compact JSON (keys in their order)."""
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def options(described: Iterable[tuple[str, str | None]]) -> tuple[Option, ...]:
+    """Options from (name, description) pairs, in their order."""
+    return tuple(Option(name, description) for name, description in described)
 
 
 def yes_no(yes: str | None = None, no: str | None = None) -> tuple[Option, ...]:

@@ -163,11 +163,14 @@ class RequestContext:
             REQUEST_ID.reset(token)
 
 
+def request_header(scope: Scope, wanted: bytes) -> bytes | None:
+    """The value of a request's first header named `wanted` (lower case, as ASGI gives names), or None."""
+    return next((value for name, value in scope["headers"] if name == wanted), None)
+
+
 def _content_length(scope: Scope) -> int | None:
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            return int(value) if value.isdigit() else None
-    return None
+    value = request_header(scope, b"content-length")
+    return int(value) if value is not None and value.isdigit() else None
 
 
 class BodyLimit:
