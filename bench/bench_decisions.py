@@ -44,33 +44,40 @@ SENTENCES = ["I was charged twice for order #{n} and I want one of the charges r
              "I have been a customer for {n} years and this is the worst service I have had.",
              "Please cancel the renewal and confirm in writing that no further payment will be taken.",
              "The mobile app crashes every time I open the billing page on my phone."]
+
+
+def _predicate(instructions: str) -> dict[str, Any]:
+    return {"type": "predicate", "instructions": instructions}
+
+
+def _choice(instructions: str, *values: str) -> dict[str, Any]:
+    return {"type": "choice", "instructions": instructions, "choices": [{"value": value} for value in values]}
+
+
+def _score(instructions: str, *labels: str) -> dict[str, Any]:
+    """Levels lowest first."""
+    return {"type": "score", "instructions": instructions, "levels": [{"label": label} for label in labels]}
+
+
 QUESTIONS: list[dict[str, Any]] = [
-    {"type": "predicate", "instructions": "The customer asks for a refund of a charge."},
+    _predicate("The customer asks for a refund of a charge."),
     {"type": "choice", "instructions": "How urgent is this ticket for the support team?",
      "choices": [{"value": "low", "description": "can wait a week"}, {"value": "high", "description": "today"}]},
-    {"type": "score", "instructions": "How frustrated is the customer, judging by the whole message?",
-     "levels": [{"label": "calm"}, {"label": "annoyed"}, {"label": "angry"}]},
-    {"type": "predicate", "instructions": "The customer threatens to cancel the subscription."},
-    {"type": "choice", "instructions": "Which team should handle this ticket first?",
-     "choices": [{"value": "billing"}, {"value": "technical support"}, {"value": "account security"},
-                 {"value": "logistics"}]},
-    {"type": "predicate", "instructions": "The message mentions an order number."},
-    {"type": "score", "instructions": "How polite is the message overall?",
-     "levels": [{"label": "rude"}, {"label": "neutral"}, {"label": "polite"}]},
-    {"type": "choice", "instructions": "What does the customer want most?",
-     "choices": [{"value": "a refund"}, {"value": "an apology"}, {"value": "a call back"}, {"value": "a fix"}]},
-    {"type": "predicate", "instructions": "The customer reports a problem with the mobile app."},
-    {"type": "choice", "instructions": "Which language is the message written in?",
-     "choices": [{"value": "English"}, {"value": "German"}, {"value": "French"}]},
-    {"type": "predicate", "instructions": "The customer has been with the company for several years."},
-    {"type": "score", "instructions": "How likely is the customer to leave within a month?",
-     "levels": [{"label": "unlikely"}, {"label": "possible"}, {"label": "likely"}, {"label": "certain"}]},
-    {"type": "predicate", "instructions": "The customer's account is locked."},
-    {"type": "choice", "instructions": "Which channel should the answer use?",
-     "choices": [{"value": "email"}, {"value": "phone"}, {"value": "chat"}]},
-    {"type": "predicate", "instructions": "The message asks for written confirmation."},
-    {"type": "score", "instructions": "How severe is the issue for the business?",
-     "levels": [{"label": "minor"}, {"label": "major"}, {"label": "critical"}]},
+    _score("How frustrated is the customer, judging by the whole message?", "calm", "annoyed", "angry"),
+    _predicate("The customer threatens to cancel the subscription."),
+    _choice("Which team should handle this ticket first?", "billing", "technical support", "account security",
+            "logistics"),
+    _predicate("The message mentions an order number."),
+    _score("How polite is the message overall?", "rude", "neutral", "polite"),
+    _choice("What does the customer want most?", "a refund", "an apology", "a call back", "a fix"),
+    _predicate("The customer reports a problem with the mobile app."),
+    _choice("Which language is the message written in?", "English", "German", "French"),
+    _predicate("The customer has been with the company for several years."),
+    _score("How likely is the customer to leave within a month?", "unlikely", "possible", "likely", "certain"),
+    _predicate("The customer's account is locked."),
+    _choice("Which channel should the answer use?", "email", "phone", "chat"),
+    _predicate("The message asks for written confirmation."),
+    _score("How severe is the issue for the business?", "minor", "major", "critical"),
 ]
 
 

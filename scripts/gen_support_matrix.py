@@ -68,7 +68,7 @@ NOTES = """
   `AttentionInterface`: one packed row per batch, sequences kept apart by the layout, causal or bidirectional, with
   sliding windows (one-sided for decoders, symmetric `|i - j| < window` for ModernBERT's local layers), Gemma2's
   logit soft-capping and grouped-query heads. Multi-item scoring applies to decoders only. Gemma2 causal LMs also
-  get their final logit soft-capping on the label logits (`engine/runner/heads.py`).
+  get their final logit soft-capping on the label logits (`engine/runner/forward.py`).
 - **DeBERTa-v2 / v3** computes disentangled relative-position attention inside its own modules, which never reach
   `AttentionInterface`, so a packed row would let sequences see each other. The worker runs it *padded*: every
   block of similar-length sequences is an ordinary right-padded batch with an attention mask, which is exact. CUDA

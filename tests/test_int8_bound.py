@@ -15,8 +15,8 @@ import int8_bound
 from bench_minilm import make_workload
 from scorekeeper_worker.base.config import DType
 from scorekeeper_worker.model.files import minilm_path
-from scorekeeper_worker.model.kernels.onednn_linear import FusedLinear, fuse_linears
 from scorekeeper_worker.model.loader import ScoringModel, load_model
+from scorekeeper_worker.model.trunk_patches import FusedLinear, fuse_linears
 
 
 def test_bound_is_amdahls_law() -> None:

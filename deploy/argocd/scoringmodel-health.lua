@@ -16,17 +16,14 @@ local conditions = {}
 for _, condition in ipairs(obj.status.conditions) do
   conditions[condition.type] = condition
 end
-local invalid = conditions["ConfigValid"]
-if invalid ~= nil and invalid.status == "False" then
-  hs.status = "Degraded"
-  hs.message = invalid.reason .. ": " .. (invalid.message or "")
-  return hs
-end
-local degraded = conditions["Degraded"]
-if degraded ~= nil and degraded.status == "True" then
-  hs.status = "Degraded"
-  hs.message = degraded.reason .. ": " .. (degraded.message or "")
-  return hs
+-- Degraded when the spec cannot be served (ConfigValid=False) or a pod fails (Degraded=True), in that order.
+for _, failing in ipairs({{"ConfigValid", "False"}, {"Degraded", "True"}}) do
+  local condition = conditions[failing[1]]
+  if condition ~= nil and condition.status == failing[2] then
+    hs.status = "Degraded"
+    hs.message = condition.reason .. ": " .. (condition.message or "")
+    return hs
+  end
 end
 local progressing = conditions["Progressing"]
 if progressing ~= nil and progressing.status == "True" and progressing.reason == "RollingOut" then

@@ -17,8 +17,8 @@ import schemathesis
 
 MODEL_DEPENDENT = re.compile("|".join([
     r"exceeds the model's maximum of \d+",  # its maximum sequence length
-    r"label_token_ids is required for causal LM models",  # a causal LM scores label tokens, which others ignore
-    r"label_token_ids must not (be empty|contain duplicates)|label_token_ids: \d+ lists for \d+ items",
+    r"label_token_ids: required for causal LM models",  # a causal LM scores label tokens, which others ignore
+    r"label_token_ids: (must not (be empty|contain duplicates)|\d+ lists for \d+ items)",
     r"a single label token under apply_softmax",  # a causal LM's softmax over one label (others ignore labels)
     r"not supported for causal LM models",
     r"/v1/rerank on a causal LM needs label tokens",  # the server was started without --label-tokens

@@ -10,22 +10,15 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from enum import StrEnum
 from pathlib import Path
-from typing import Any, NoReturn
+from types import NoneType
+from typing import Any, NoReturn, get_args
 
 import yaml
 from pydantic import ValidationError
 
-from scorekeeper_worker.base.config import (
-    AttentionBackendName,
-    CompileMode,
-    Device,
-    DType,
-    LogLevel,
-    PooledHiddenStates,
-    Quantization,
-    WorkerConfig,
-)
+from scorekeeper_worker.base.config import WorkerConfig
 
 PROG = "scorekeeper-worker"
 # oneDNN caches one compiled primitive per tensor shape, 1024 by default: with batches of every size that is memory
@@ -59,6 +52,18 @@ def _default_help(name: str) -> str:
     return f"(default: {default}; env {ENV_PREFIX}{name.upper()})"
 
 
+def _reading(name: str) -> dict[str, Any]:
+    """How argparse reads a setting's flag, from its WorkerConfig type: a boolean as --flag/--no-flag, a choice among
+    an enum's values, a number or a path converted; anything else as text, for WorkerConfig to parse."""
+    kinds = [kind for kind in get_args(_FIELDS[name].annotation) or (_FIELDS[name].annotation,) if kind is not NoneType]
+    kind = kinds[0] if len(kinds) == 1 else None
+    if kind is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if isinstance(kind, type) and issubclass(kind, StrEnum):
+        return {"choices": [member.value for member in kind]}
+    return {"type": kind} if kind in (int, float, Path) else {}
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The real parser; the operator's contract test parses rendered args with it."""
     parser = _Parser(prog=PROG, description="Transformer scoring worker.")
@@ -66,39 +71,37 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve POST /v1/score for one model",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
 
-    def add(flag: str, help_text: str, **kwargs: Any) -> None:
+    def add(flag: str, help_text: str) -> None:
         name = flag.removeprefix("--").replace("-", "_")
-        serve.add_argument(flag, dest=name, default=argparse.SUPPRESS,
-                           help=f"{help_text} {_default_help(name) if name in _FIELDS else ''}".strip(), **kwargs)
+        serve.add_argument(flag, dest=name, default=argparse.SUPPRESS, help=f"{help_text} {_default_help(name)}",
+                           **_reading(name))
 
     serve.add_argument("--config", type=Path, default=None,
                        help="YAML/JSON file whose keys are flag names (e.g. max_batch_tokens: 4096)")
-    add("--model", "local Hugging Face model directory or .gguf file (required)", type=Path)
+    add("--model", "local Hugging Face model directory or .gguf file (required)")
     add("--served-name", "model name reported by /v1/models (clients may send any name)")
     add("--dtype", "weights and activations dtype; auto: the checkpoint's dtype where the device runs it fast "
         "(float32 on CPUs without bfloat16 instructions, float16 on GPUs without bfloat16), and bfloat16 for a "
-        "float32 checkpoint on CPUs with AMX",
-        choices=[d.value for d in DType])
-    add("--device", "where the model runs", choices=[d.value for d in Device])
+        "float32 checkpoint on CPUs with AMX")
+    add("--device", "where the model runs")
     add("--host", "listen address (0.0.0.0: every interface, as in a container)")
-    add("--port", "listen port of the API (and of /metrics without --metrics-port)", type=int)
-    add("--metrics-port", "serve /metrics on this port alone, and no longer on --port", type=int)
+    add("--port", "listen port of the API (and of /metrics without --metrics-port)")
+    add("--metrics-port", "serve /metrics on this port alone, and no longer on --port")
     add("--api-key-file", "file of API keys, one per line (re-read when it changes): /v1/* then need "
-        "Authorization: Bearer KEY", type=Path)
-    add("--max-batch-tokens", "token budget of one packed forward pass", type=int)
+        "Authorization: Bearer KEY")
+    add("--max-batch-tokens", "token budget of one packed forward pass")
     add("--onednn-linear", "on CPU in float32, run linear layers through oneDNN with the bias and a following GELU "
-        "fused (--no-onednn-linear: torch's nn.Linear)", action=argparse.BooleanOptionalAction)
-    add("--max-queue-tokens", "tokens admitted but not yet scored; beyond it requests get 429", type=int)
-    add("--max-request-bytes", "largest accepted request body; beyond it 413", type=int)
+        "fused (--no-onednn-linear: torch's nn.Linear)")
+    add("--max-queue-tokens", "tokens admitted but not yet scored; beyond it requests get 429")
+    add("--max-request-bytes", "largest accepted request body; beyond it 413")
     add("--max-request-tokens", "most tokens one request may run through the model once planned (multi-item "
-        "chunks repeat the query); beyond it 413", type=int)
+        "chunks repeat the query); beyond it 413")
     add("--max-response-bytes", "largest response a request may ask for (pooled hidden states, label scores); "
-        "beyond it 400 before any work", type=int)
+        "beyond it 400 before any work")
     add("--request-timeout-seconds", "answer 504 and drop a request's remaining work after this long "
-        "(default: no timeout)", type=float)
-    add("--max-items-per-request", "largest number of items in one request; beyond it 400", type=int)
-    add("--pooled-hidden-states", "whether requests may ask for pooled hidden states",
-        choices=[p.value for p in PooledHiddenStates])
+        "(default: no timeout)")
+    add("--max-items-per-request", "largest number of items in one request; beyond it 400")
+    add("--pooled-hidden-states", "whether requests may ask for pooled hidden states")
     add("--prompt-template", "LLM rerankers: wrap every (query, item) pair of a decoder model in this prompt: a "
         "built-in name (qwen3-reranker) or a text file with {instruct}, {query} and {item} (used byte for byte); "
         "the text before {item} is shared by all items of a request (default: none)")
@@ -106,60 +109,55 @@ def build_parser() -> argparse.ArgumentParser:
         "one token of the model's tokenizer; the default label_token_ids of a causal LM, the first one's softmax "
         "over them /v1/rerank's relevance (default: none, or the built-in template's)")
     add("--multi-item-scoring", "score all items of a request in one packed sequence sharing the query "
-        "(decoder models)", action=argparse.BooleanOptionalAction)
+        "(decoder models)")
     add("--multi-item-scoring-delimiter", "token id placed between query and items (SGLang layout); implies "
-        "--multi-item-scoring; no token attends to it", type=int)
-    add("--cuda-graph", "capture CUDA graphs per token bucket (on CPU: run the same padded path, no capture)",
-        action=argparse.BooleanOptionalAction)
+        "--multi-item-scoring; no token attends to it")
+    add("--cuda-graph", "capture CUDA graphs per token bucket (on CPU: run the same padded path, no capture)")
     add("--cuda-graph-token-buckets", "comma-separated, strictly increasing total-token buckets")
-    add("--cuda-graph-max-tokens", "batches above this many tokens run eager", type=int)
-    add("--cuda-graph-max-seqs", "sequence slots captured per bucket", type=int)
-    add("--attention-backend", "attention implementation", choices=[a.value for a in AttentionBackendName])
+    add("--cuda-graph-max-tokens", "batches above this many tokens run eager")
+    add("--cuda-graph-max-seqs", "sequence slots captured per bucket")
+    add("--attention-backend", "attention implementation")
     add("--compile", "torch.compile each trunk layer (one code object for all layers) in the graph buckets and for "
-        "eager batches; auto: off until proven on a GPU (docs/gpu.md)", choices=[c.value for c in CompileMode])
-    add("--compile-budget-seconds", "start-up compile time after which buckets not yet compiled run plain layers",
-        type=float)
+        "eager batches; auto: off until proven on a GPU (docs/gpu.md)")
+    add("--compile-budget-seconds", "start-up compile time after which buckets not yet compiled run plain layers")
     add("--compile-cache-dir", "directory for Inductor's and Triton's caches and torch.compile's cache artifacts "
         "(mount a volume there so a restart skips most of the compile)")
-    add("--drain-timeout-seconds", "on SIGTERM, how long in-flight requests may take to finish", type=float)
+    add("--drain-timeout-seconds", "on SIGTERM, how long in-flight requests may take to finish")
     add("--http-header-timeout-seconds", "a connection must deliver a request's head (request line and headers) "
         "within this long of opening, or of the request's first byte on a kept-alive connection; else 408 and "
-        "closed (both ports)", type=float)
+        "closed (both ports)")
     add("--http-body-timeout-seconds", "a request's body must arrive within this long of its head; else 408 and "
-        "closed", type=float)
-    add("--http-idle-timeout-seconds", "a kept-alive connection with no new request for this long is closed",
-        type=float)
+        "closed")
+    add("--http-idle-timeout-seconds", "a kept-alive connection with no new request for this long is closed")
     add("--max-connections", "open connections per port (API, metrics); beyond it the oldest connection still "
         "waiting for a request head is closed, or, if none waits, the new one gets 503 (clamped to what the "
-        "process's file-descriptor limit allows)", type=int)
+        "process's file-descriptor limit allows)")
     add("--self-check", "at start-up, score a fixed probe set through the engine and through plain transformers "
-        "and refuse to start if they differ beyond the dtype's tolerance", action=argparse.BooleanOptionalAction)
+        "and refuse to start if they differ beyond the dtype's tolerance")
     add("--gc-freeze", "once the model is loaded, collect garbage and move every surviving object to Python's "
-        "permanent generation, so full collections no longer walk them (docs/operations.md)",
-        action=argparse.BooleanOptionalAction)
+        "permanent generation, so full collections no longer walk them (docs/operations.md)")
     add("--termination-log", "file that gets a one-paragraph reason when the model fails to load or the self-check "
-        "fails (Kubernetes terminationMessagePath)", type=Path)
-    add("--log-level", "logging level", choices=[level.value for level in LogLevel])
+        "fails (Kubernetes terminationMessagePath)")
+    add("--log-level", "logging level")
     add("--threads", "CPU threads for the model (torch intra-op; inter-op matches): auto = the smaller of the "
         "cgroup CPU quota and the CPU affinity mask, or a positive number")
     add("--quantization", "int8: run the model quantized to int8 on CPU (encoder cross-encoders and embedding "
-        "models), only after it passes an accuracy certificate against float32 (docs/operations.md)",
-        choices=[q.value for q in Quantization])
+        "models), only after it passes an accuracy certificate against float32 (docs/operations.md)")
     add("--quantization-min-spearman", "certificate: refuse to become ready below this Spearman correlation of "
-        "int8 scores with float32 scores on the fixed probe set", type=float)
+        "int8 scores with float32 scores on the fixed probe set")
     add("--quantization-max-score-delta", "certificate: refuse to become ready above this largest |int8 - float32| "
-        "score difference (default: no bound)", type=float)
+        "score difference (default: no bound)")
     add("--quantization-min-top10", "certificate: refuse to become ready below this share of top-10 agreement "
-        "between int8 and float32 rankings (default: no bound)", type=float)
+        "between int8 and float32 rankings (default: no bound)")
     add("--quantization-min-speedup", "certificate: refuse to become ready when int8 scores the probe set at less "
-        "than this multiple of float32's speed (default 1: int8 must be faster; 0: no bound)", type=float)
+        "than this multiple of float32's speed (default 1: int8 must be faster; 0: no bound)")
     add("--quantization-float32-modules", "int8: comma-separated regular expressions of trunk module paths whose "
         "linear layers stay float32, for accuracy (e.g. encoder.layer.[0-2].output.dense), replacing the default: "
         "the feed-forward output projections of the first three layers, found by their shape in any encoder; "
         "an empty value quantizes every linear layer")
     add("--decision-template", "/v1/decisions and /v1/systemone (causal LMs): a Jinja file in the chat-template "
         "language that renders a conversation ending in one question into the prompt, replacing the built-in one "
-        "(the model's own chat template; docs/decisions.md)", type=Path)
+        "(the model's own chat template; docs/decisions.md)")
     return parser
 
 

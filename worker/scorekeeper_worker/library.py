@@ -15,7 +15,7 @@ from __future__ import annotations
 from scorekeeper_worker.api.server import create_app
 from scorekeeper_worker.base.config import DType, WorkerConfig
 from scorekeeper_worker.base.metrics import WorkerMetrics
-from scorekeeper_worker.engine.queue.batching import token_batches
+from scorekeeper_worker.engine.queue.scheduler import token_batches
 from scorekeeper_worker.engine.runner.compiled_trunk import CompiledTrunk, compile_mode
 from scorekeeper_worker.engine.runner.cuda_graphs import GraphRunner
 from scorekeeper_worker.engine.runner.device_copy import host_vectors
@@ -33,13 +33,12 @@ from scorekeeper_worker.model.files import (
 from scorekeeper_worker.model.kernels import tiled
 from scorekeeper_worker.model.kernels.attention import LayoutKind, token_allowed
 from scorekeeper_worker.model.kernels.flex import block_tables
-from scorekeeper_worker.model.kernels.onednn_linear import FusedLinear, fuse_linears
 from scorekeeper_worker.model.loader import Pooling, ScoringModel, load_model
 from scorekeeper_worker.model.templates.decision_template import resolve_decision_template
-from scorekeeper_worker.planning.ask import ScoreAsk
+from scorekeeper_worker.model.trunk_patches import FusedLinear, fuse_linears
 from scorekeeper_worker.planning.bounded_tokens import bounded_ids
 from scorekeeper_worker.planning.encoding import LengthRules
-from scorekeeper_worker.planning.planner import plan, tokenize
+from scorekeeper_worker.planning.planner import ScoreAsk, plan, tokenize
 from scorekeeper_worker.serving.direct import score_now, scored
 from scorekeeper_worker.serving.prepare import Limits
 from scorekeeper_worker.serving.startup import decision_selfcheck, selfcheck

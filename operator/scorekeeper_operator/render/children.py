@@ -50,22 +50,24 @@ def pod_disruption_budget(meta: dict[str, Any], selector: dict[str, str]) -> dic
             "spec": {"maxUnavailable": MAX_UNAVAILABLE, "selector": {"matchLabels": selector}}}
 
 
-def horizontal_pod_autoscaler(model: ScoringModel, meta: dict[str, Any]) -> dict[str, Any]:
+def deployment_scaler(model: ScoringModel, meta: dict[str, Any], api_version: str, kind: str,
+                      replica_keys: tuple[str, str], **spec: Any) -> dict[str, Any]:
+    """An autoscaler of the model's Deployment (our HPA, KEDA's ScaledObject): between spec.autoscaling's least and
+    most replicas (under `replica_keys`), then its own `spec` fields."""
     scaling = model.spec.autoscaling
+    least, most = replica_keys
     return {
-        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": meta,
-        "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": model.name},
-            "minReplicas": scaling.min_replicas,
-            "maxReplicas": scaling.max_replicas,
-            "metrics": [{
-                "type": "Pods",
-                "pods": {"metric": {"name": QUEUE_METRIC},
-                         "target": {"type": "AverageValue", "averageValue": str(scaling.target)}},
-            }],
-            "behavior": scaling_behavior(),
-        },
+        "apiVersion": api_version, "kind": kind, "metadata": meta,
+        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": model.name},
+                 least: scaling.min_replicas, most: scaling.max_replicas, **spec},
     }
+
+
+def horizontal_pod_autoscaler(model: ScoringModel, meta: dict[str, Any]) -> dict[str, Any]:
+    target = {"type": "AverageValue", "averageValue": str(model.spec.autoscaling.target)}
+    queue = {"type": "Pods", "pods": {"metric": {"name": QUEUE_METRIC}, "target": target}}
+    return deployment_scaler(model, meta, "autoscaling/v2", "HorizontalPodAutoscaler", ("minReplicas", "maxReplicas"),
+                             metrics=[queue], behavior=scaling_behavior())
 
 
 def service_monitor(model: ScoringModel, meta: dict[str, Any], selector: dict[str, str]) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from scorekeeper_operator.render.children import QUEUE_METRIC, scaling_behavior
+from scorekeeper_operator.render.children import QUEUE_METRIC, deployment_scaler, scaling_behavior
 from scorekeeper_operator.spec.model import ScoringModel
 from scorekeeper_operator.spec.pod import LabelSelector
 
@@ -59,20 +59,10 @@ def queue_query(model: ScoringModel) -> str:
 
 def scaled_object(model: ScoringModel, meta: dict[str, Any]) -> dict[str, Any]:
     scaling = model.spec.autoscaling
-    return {
-        "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": meta,
-        "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": model.name},
-            "minReplicaCount": scaling.min_replicas,
-            "maxReplicaCount": scaling.max_replicas,
-            "pollingInterval": KEDA_POLLING_SECONDS,
-            "advanced": {"horizontalPodAutoscalerConfig": {"name": keda_hpa_name(model.name),
-                                                            "behavior": scaling_behavior()}},
-            "triggers": [{
-                "type": "prometheus", "metricType": "AverageValue",
-                "metadata": {"serverAddress": scaling.prometheus_address,
-                             "query": scaling.prometheus_query or queue_query(model),
-                             "threshold": str(scaling.target)},
-            }],
-        },
-    }
+    trigger = {"type": "prometheus", "metricType": "AverageValue",
+               "metadata": {"serverAddress": scaling.prometheus_address,
+                            "query": scaling.prometheus_query or queue_query(model), "threshold": str(scaling.target)}}
+    hpa = {"name": keda_hpa_name(model.name), "behavior": scaling_behavior()}
+    return deployment_scaler(model, meta, "keda.sh/v1alpha1", "ScaledObject", ("minReplicaCount", "maxReplicaCount"),
+                             pollingInterval=KEDA_POLLING_SECONDS, advanced={"horizontalPodAutoscalerConfig": hpa},
+                             triggers=[trigger])

@@ -39,7 +39,7 @@ def assert_error(response: httpx.Response, status: int, *texts: str) -> None:
      "questions[0].choices: List should have at least 2 items"),
     ({"model": "m", "input": "x", "questions": [{"type": "choice", "instructions": "x",
                                                  "choices": [{"value": "a"}, {"value": "b"}, {"value": "a"}]}]},
-     "questions[0].choices: [2].value 'a' repeats [0].value"),
+     "questions[0].choices: [2].value: 'a' repeats [0].value"),
     ({"model": "m", "input": "x", "questions": [{"type": "choice", "instructions": "x",
                                                  "choices": [{"value": "true"}, {"value": True}]}]},
      "questions[0]: options 0 and 1 ('true') are the same text to the model"),

@@ -12,6 +12,8 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from scorekeeper_worker.api.error_shape import error_for
+from scorekeeper_worker.base.errors import Invalid
 from serving import BatchGate, RunningServer
 
 CAUSAL_CASES: list[tuple[str, dict[str, Any], str]] = [
@@ -57,7 +59,14 @@ def test_bad_request_names_the_field(causal: RunningServer, case: str, body: dic
     assert response.status_code == 400, response.text
     error = response.json()
     assert error["object"] == "error" and error["code"] == 400
-    assert field in error["message"], error["message"]
+    assert error["message"].startswith(field), error["message"]  # the field first: `field: problem`
+
+
+def test_invalid_carries_its_field_and_the_400_names_it_first() -> None:
+    error = Invalid("label_token_ids", "must not be empty")
+    assert error.field == "label_token_ids"
+    body, _ = error_for(error, "POST", "/v1/score", "request-1")
+    assert (body.code, body.type, body.message) == (400, "BadRequestError", "label_token_ids: must not be empty")
 
 
 def test_per_item_label_lists_may_differ_in_length(causal: RunningServer) -> None:

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import scorekeeper_worker.engine.runner.heads as heads
 import scorekeeper_worker.model.kernels.tiled as kernels
 import torch
 from packed_units import mixed_units
 from scorekeeper_worker.base.config import DType
+from scorekeeper_worker.engine.runner import forward
 from scorekeeper_worker.engine.runner.forward import pooled_rows
 from scorekeeper_worker.engine.runner.packing import PackUnit, Pool, build_inputs
 from scorekeeper_worker.model.loader import ScoringModel, load_model
@@ -90,11 +90,11 @@ def test_the_vocabulary_normaliser_runs_in_row_chunks(tiny_model: Callable[[str]
     rows = torch.randn(1000, model.hidden_size, generator=torch.Generator().manual_seed(0))
     labels = torch.tensor([[1, 2]] * 1000)
     with torch.inference_mode(), LargestAllocation() as whole:
-        expected = heads.causal_lm_scores(model, rows, labels, False, 1.0)
+        expected = forward.causal_lm_scores(model, rows, labels, False, 1.0)
     assert whole.largest >= 1000 * model.logit_size * FLOAT32
-    monkeypatch.setattr(heads, "NORMALISER_ELEMENTS", 16 * model.logit_size)
+    monkeypatch.setattr(forward, "NORMALISER_ELEMENTS", 16 * model.logit_size)
     with torch.inference_mode(), LargestAllocation() as chunked:
-        scores = heads.causal_lm_scores(model, rows, labels, False, 1.0)
+        scores = forward.causal_lm_scores(model, rows, labels, False, 1.0)
     # Besides the chunk's logits only the label rows of the output embedding are gathered: [rows, labels, hidden].
     assert chunked.largest <= max(16 * model.logit_size, 1000 * 2 * model.hidden_size) * FLOAT32
     torch.testing.assert_close(scores, expected, rtol=1e-6, atol=1e-7)

@@ -1,4 +1,4 @@
-"""Only the pooled rows through the last layer's per-token tail (model/pooled_rows.py): with CLS pooling the last
+"""Only the pooled rows through the last layer's per-token tail (model/trunk_patches.py): with CLS pooling the last
 feed-forward sees one row per sequence, with mean pooling every token, and the served values are those of the whole
 forward (and of transformers: the conformance suite and the self-check compare them)."""
 

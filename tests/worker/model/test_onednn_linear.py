@@ -1,4 +1,4 @@
-"""model/kernels/onednn_linear.py: every linear layer of the trunk through oneDNN (the bias and a BERT-style GELU
+"""model/trunk_patches.py: every linear layer of the trunk through oneDNN (the bias and a BERT-style GELU
 fused), served values within float32 rounding of torch's own modules, and `plain_linears()` giving back exactly the
 original computation (the self-check's transformers reference)."""
 
@@ -14,8 +14,8 @@ import torch
 from engine_runs import one_batch
 from scorekeeper_worker.api.wire.score import ScoreRequest
 from scorekeeper_worker.base.config import DType
-from scorekeeper_worker.model.kernels.onednn_linear import FusedLinear, fuse_linears, plain_linears
 from scorekeeper_worker.model.loader import load_model
+from scorekeeper_worker.model.trunk_patches import FusedLinear, fuse_linears, plain_linears
 
 REQUESTS = [ScoreRequest(query="what is the capital of the state", items=["the capital is a city", "rivers",
                                                                           "mountains and cities and more words"])]

@@ -185,9 +185,8 @@ def test_a_text_with_nothing_left_to_pool_after_the_prompt_is_a_400(variant: Cal
     import dataclasses
 
     from scorekeeper_worker.base.errors import Invalid
-    from scorekeeper_worker.planning.ask import ScoreAsk
     from scorekeeper_worker.planning.encoding import LengthRules
-    from scorekeeper_worker.planning.planner import plan, tokenize
+    from scorekeeper_worker.planning.planner import ScoreAsk, plan, tokenize
 
     model = load_model(variant("bert-prompt-excluded"), DType.FLOAT32, "cpu", "t")
     model = dataclasses.replace(model, specials=dataclasses.replace(model.specials, suffix=[]))
@@ -236,9 +235,8 @@ def test_every_window_of_a_chunked_document_begins_with_the_prompt(variant: Call
     """/v1/rerank's `long_document_strategy: "chunk"` on an embedding model: every window is embedded as a text of
     its own, after the model's prompt (which its pooling leaves out here, include_prompt false), and the windows'
     texts are consecutive pieces of the document's tokens."""
-    from scorekeeper_worker.planning.ask import ScoreAsk
     from scorekeeper_worker.planning.encoding import Direction, LengthRules
-    from scorekeeper_worker.planning.planner import tokenize
+    from scorekeeper_worker.planning.planner import ScoreAsk, tokenize
 
     path = variant("bert-prompt-excluded")
     model = load_model(path, DType.FLOAT32, "cpu", "t")

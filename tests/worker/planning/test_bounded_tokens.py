@@ -157,8 +157,8 @@ def test_embedding_inputs_are_bounded_too(tiny_model: Callable[[str], Path],
 
 
 def test_a_huge_item_is_counted_with_a_bound_before_the_request_limit(cross: tuple[RunningServer, Any, Any]) -> None:
-    """The early --max-request-tokens count (planning/token_budget.py) reads a 2 MB item no further than the bounded
-    tokenizer does, and the item is refused for what it is: longer than the model's maximum."""
+    """The early --max-request-tokens count (planning/planner.refuse_early) reads a 2 MB item no further than the
+    bounded tokenizer does, and the item is refused for what it is: longer than the model's maximum."""
     server, _, _ = cross
     model = server.app.state.service.model
     counting = _Counting(model.tokenizer)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from scorekeeper_worker.engine.runner import heads
+from scorekeeper_worker.engine.runner import forward
 from serving import RunningServer
 
 EXTREME = [5e-324, 1e-300, 1e-30, 1e30, 1e300, 1.7976931348623157e308]
@@ -49,11 +49,11 @@ def test_extreme_temperatures_give_finite_limits(name: str, extra: dict[str, lis
 @pytest.mark.parametrize("temperature", [*EXTREME, 1.0])
 def test_heads_keep_huge_logits_finite(temperature: float) -> None:
     logits = torch.tensor([[3e38, -3e38, 1e38], [0.0, 0.0, 0.0], [1e-40, 0.0, -1e-40]], dtype=torch.float32)
-    probabilities = heads.classifier_scores(logits, apply_softmax=True, temperature=temperature)
+    probabilities = forward.classifier_scores(logits, apply_softmax=True, temperature=temperature)
     assert torch.isfinite(probabilities).all()
     assert probabilities.sum(dim=-1).tolist() == pytest.approx([1.0] * 3)
     assert probabilities[1].tolist() == pytest.approx([1 / 3] * 3)  # ties share
-    single = heads.classifier_scores(logits[:, :1], apply_softmax=True, temperature=temperature)
+    single = forward.classifier_scores(logits[:, :1], apply_softmax=True, temperature=temperature)
     assert torch.isfinite(single).all() and ((single >= 0) & (single <= 1)).all()
 
 

@@ -12,7 +12,7 @@ from engine_runs import variant
 from scorekeeper_worker.base.config import DType
 from scorekeeper_worker.engine.runner.executor import Executor
 from scorekeeper_worker.model.loader import ScoringModel, load_model
-from scorekeeper_worker.model.rope import RopeTables
+from scorekeeper_worker.model.trunk_patches import RopeTables
 from scorekeeper_worker.planning import planner
 from scorekeeper_worker.serving.startup import probes as probe_sets
 from scorekeeper_worker.serving.startup import selfcheck

@@ -110,7 +110,8 @@ _HEADERS = {401: "WWW-Authenticate", 405: "Allow", 429: "Retry-After", 503: "Ret
 def error_for(error: Exception, method: str, path: str, request_id: str) -> tuple[ErrorResponse, dict[str, str]]:
     """The one mapping from an exception to what the client sees: the body and its headers."""
     if isinstance(error, RequestValidationError):
-        error = Invalid(validation_message(error.errors()))
+        field, _, problem = validation_message(error.errors()).partition(": ")  # every message names its field first
+        error = Invalid(field, problem) if problem else Invalid("body", field)
     if isinstance(error.__cause__, ClientDisconnect):  # FastAPI's 400 for a body cut off (api/http_protocol.py)
         error = ClientDisconnected("the connection closed before the request body was complete")
     if isinstance(error, ScoringError):
@@ -147,6 +148,8 @@ def validation_message(errors: Sequence[Any]) -> str:
     for detail in errors:
         message = str(detail.get("msg", "")).removeprefix("Value error, ")
         where = _where(detail.get("loc", ()))
+        if where == "body" and isinstance((detail.get("ctx") or {}).get("error"), Invalid):
+            where = ""  # a rule across fields: the Invalid it raised names its own field
         parts.append(f"{where}: {message}" if where else message)
     return "; ".join(dict.fromkeys(parts))
 

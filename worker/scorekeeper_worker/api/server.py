@@ -29,10 +29,13 @@ from scorekeeper_worker.api.error_shape import error_responses
 from scorekeeper_worker.api.http_protocol import quiet_accept_errors, server_options
 from scorekeeper_worker.api.metrics_server import MetricsServer
 from scorekeeper_worker.api.middleware.auth import ApiKeyAuth, ApiKeys
-from scorekeeper_worker.api.middleware.body_limit import BodyLimit
-from scorekeeper_worker.api.middleware.disconnect import cancel_on_disconnect
-from scorekeeper_worker.api.middleware.json_body import JSONRoute
-from scorekeeper_worker.api.middleware.request_context import ErrorReporter, RequestContext
+from scorekeeper_worker.api.middleware.per_request import (
+    BodyLimit,
+    ErrorReporter,
+    JSONRoute,
+    RequestContext,
+    cancel_on_disconnect,
+)
 from scorekeeper_worker.api.openapi import openapi_document
 from scorekeeper_worker.api.routes.decisions import add_routes as add_decision_routes
 from scorekeeper_worker.api.routes.embeddings import embed
@@ -110,7 +113,7 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
     app.router.route_class = JSONRoute
     # HTTP hardening (issue 26): no redirect for a trailing slash (its Location would repeat the client's Host
     # header): a 404 names the path. A body is refused before parsing beyond this many arrays and objects
-    # (api/middleware/json_body.py): four per item a request may hold, and room for the rest.
+    # (api/middleware/per_request.py): four per item a request may hold, and room for the rest.
     app.router.redirect_slashes = False
     app.state.max_json_containers = 4 * config.max_items_per_request + 1024
     app.state.service = service

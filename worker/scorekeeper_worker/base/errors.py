@@ -29,7 +29,12 @@ class ScoringError(Exception):
 
 
 class Invalid(ScoringError, ValueError):
-    """The request is wrong; the message names the field. A ValueError too, so pydantic validators may raise it."""
+    """The request is wrong at `field` (`items[2]`, `label_token_ids`, ...), which the error carries as data and its
+    message names first (`field: problem`). A ValueError too, so pydantic validators may raise it."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
 
 
 class ResponseTooLarge(Invalid):

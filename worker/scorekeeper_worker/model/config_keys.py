@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scorekeeper_worker.model.rope import SUPPORTED_ROPE_TYPES
 from scorekeeper_worker.model.support import ArchitectureSupport, UnsupportedModel
+from scorekeeper_worker.model.trunk_patches import SUPPORTED_ROPE_TYPES
 
 Value = str | bool | int | float | None
 

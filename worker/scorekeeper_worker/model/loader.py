@@ -28,8 +28,6 @@ from scorekeeper_worker.model import sentence_transformers
 from scorekeeper_worker.model.config_keys import check_config
 from scorekeeper_worker.model.dtypes import DTypeChoice, choose_dtype, detect_hardware, dtype_name
 from scorekeeper_worker.model.kernels.attention import ATTENTION_NAME
-from scorekeeper_worker.model.pooled_rows import install_row_selection
-from scorekeeper_worker.model.rope import RopeTables, install_packed_rotary
 from scorekeeper_worker.model.sentence_transformers import SentenceTransformersConfig
 from scorekeeper_worker.model.support import (
     ArchitectureSupport,
@@ -44,6 +42,7 @@ from scorekeeper_worker.model.support import (
 )
 from scorekeeper_worker.model.templates.prompt_template import PromptTemplate
 from scorekeeper_worker.model.templates.special_tokens import PairLayout, SpecialTokens, pair_layout, special_tokens
+from scorekeeper_worker.model.trunk_patches import RopeTables, install_packed_rotary, install_row_selection
 from scorekeeper_worker.model.vocabulary import Vocabulary, check_specials, vocabulary
 
 __all__ = ["HeadModules", "ModelKind", "Pooling", "ScoringModel", "load_model"]
@@ -81,12 +80,12 @@ class ScoringModel:
     # Embedding models and cross-encoders: what sentence-transformers applies around the model (prompts, Normalize,
     # similarity, CrossEncoder's activation; model/sentence_transformers.py).
     sentence_config: SentenceTransformersConfig = field(default_factory=SentenceTransformersConfig)
-    rope: RopeTables = field(default_factory=RopeTables)  # the RoPE table of each sequence length (model/rope.py)
+    rope: RopeTables = field(default_factory=RopeTables)  # the RoPE table of each length (model/trunk_patches.py)
     # Decoder classifiers: the head reads the last token that is not this id (transformers' config.pad_token_id).
     classifier_pad: int | None = None
     # The tokenizer's ids against the embedding rows (model/vocabulary.py); None: not compared (a test's model).
     vocabulary: Vocabulary | None = None
-    selects_rows: bool = False  # the trunk can stop computing unpooled rows after the last attention (pooled_rows.py)
+    selects_rows: bool = False  # the trunk can stop computing unpooled rows after the last attention (trunk_patches.py)
     # Set by the service from --prompt-template / --label-tokens (decoders): the prompt every text pair is wrapped
     # in, and the label tokens a request that sends none gets.
     template: PromptTemplate | None = None

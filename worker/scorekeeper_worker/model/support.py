@@ -67,7 +67,7 @@ class KindSupport:
     pooling: Pooling
     pooling_source: PoolingSource = PoolingSource.FIXED
     pre_head: tuple[HeadStep, ...] = ()  # rows → the vector `return_pooled_hidden_states` returns
-    # that vector → logits (causal LMs: the output embedding, applied in engine/runner/heads.py)
+    # that vector → logits (causal LMs: the output embedding, applied in engine/runner/forward.py)
     head: tuple[HeadStep, ...] = ()
     # Only for a sentence-transformers embedding directory (modules.json with Pooling), which sentence-transformers
     # loads with AutoModel whatever class the config names: the class loaded is the prefix + `loads_as`.
@@ -90,7 +90,7 @@ class ArchitectureSupport:
     position_offset: bool = False  # RoBERTa family: position ids start at pad_token_id + 1
     unused_in_embedding: tuple[str, ...] = ()  # parameter prefixes an embedding model never runs (may be missing)
     # The trunk module (`{last}`: the last layer's index) where the last layer's per-token tail starts, called with
-    # (attention output, residual): from there on only pooled rows are computed (model/pooled_rows.py).
+    # (attention output, residual): from there on only pooled rows are computed (model/trunk_patches.py).
     pooled_rows_from: str | None = None
 
     def architectures(self) -> list[str]:

@@ -21,8 +21,7 @@ from scorekeeper_worker.engine.runner.packing import PackUnit, Pool
 from scorekeeper_worker.model.loader import ScoringModel
 from scorekeeper_worker.planning.decision_prompts import DecisionTokens
 from scorekeeper_worker.planning.encoding import too_long
-from scorekeeper_worker.planning.planner import admit, mis_chunks
-from scorekeeper_worker.planning.readout import rope_table
+from scorekeeper_worker.planning.planner import admit, mis_chunks, rope_table
 from scorekeeper_worker.planning.template_encoding import common_prefix
 
 
@@ -47,7 +46,7 @@ def admit_early(input_tokens: int, question_tokens: list[int], multi_item: bool,
 
 
 def _rope_tables(model: ScoringModel, tokens: DecisionTokens, fields: list[str]) -> list[int]:
-    """Each question's RoPE table (model/rope.py), after its length check. transformers picks the table of each
+    """Each question's RoPE table (model/trunk_patches.py), after its length check. transformers picks the table of each
     flat `prompt + option` from its own length; a question whose options would take different tables (a longrope
     model, the prompt at its original maximum) is refused rather than answered from one table."""
     tables = []
@@ -58,7 +57,7 @@ def _rope_tables(model: ScoringModel, tokens: DecisionTokens, fields: list[str])
                            " (the input, in the decision prompt, with this question and its longest option)")
         table = rope_table(model, max(lengths))
         if rope_table(model, min(lengths)) != table:
-            raise Invalid(f"{field}: the prompt with this question's shortest and longest options is "
+            raise Invalid(field, f"the prompt with this question's shortest and longest options is "
                              f"{min(lengths)} and {max(lengths)} tokens, either side of the model's "
                              f"{model.rope.long_after}-token RoPE threshold (longrope); give options of one length "
                              "or a shorter input")

@@ -15,6 +15,7 @@ after the prompt: the name tokenized alone. The prompt lists every option by tha
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -74,6 +75,11 @@ def json_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+def options(described: Iterable[tuple[str, str | None]]) -> tuple[Option, ...]:
+    """Options from (name, description) pairs, in their order."""
+    return tuple(Option(name, description) for name, description in described)
+
+
 def yes_no(yes: str | None = None, no: str | None = None) -> tuple[Option, ...]:
     """A predicate's or a noul's options, with what counts as yes and as no when the request says."""
     return Option("yes", yes), Option("no", no)
@@ -115,7 +121,7 @@ def render(model: ScoringModel, template: DecisionTemplate, messages: tuple[Chat
             conversation(messages, text), chat_template=template.source, add_generation_prompt=True, tokenize=False,
             enable_thinking=False, question=_variables(question, text))
     except (TemplateError, ValueError, TypeError, KeyError, IndexError) as error:
-        raise Invalid(f"input: the decision template ({template.name}) cannot render this conversation: "
+        raise Invalid("input", f"the decision template ({template.name}) cannot render this conversation: "
                          f"{type(error).__name__}: {error}") from None
 
 
@@ -135,10 +141,10 @@ def option_tokens(model: ScoringModel, question: DecisionQuestion) -> list[list[
     seen: dict[tuple[int, ...], int] = {}
     for index, ids in enumerate(tokens):
         if not ids:
-            raise Invalid(f"{question.field}: option {question.options[index].name!r} has no tokens in this "
+            raise Invalid(question.field, f"option {question.options[index].name!r} has no tokens in this "
                              "model's tokenizer")
         if tuple(ids) in seen:
-            raise Invalid(f"{question.field}: options {seen[tuple(ids)]} and {index} "
+            raise Invalid(question.field, f"options {seen[tuple(ids)]} and {index} "
                              f"({question.options[index].name!r}) are the same text to the model")
         seen[tuple(ids)] = index
     return tokens

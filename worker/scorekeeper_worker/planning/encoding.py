@@ -67,7 +67,7 @@ def window_bounds(length: int, size: int, max_windows: int, direction: Direction
 
 def too_long(where: str, length: int, limit: int, hint: str = "", clipped: bool = False) -> Invalid:
     """`clipped`: the text was tokenized only up to a bound (planning/bounded_tokens.py), `length` is a lower bound."""
-    return Invalid(f"{where}: sequence of {'more than ' if clipped else ''}{length} tokens exceeds the model's "
+    return Invalid(where, f"sequence of {'more than ' if clipped else ''}{length} tokens exceeds the model's "
                       f"maximum of {limit}{hint}")
 
 
@@ -98,7 +98,7 @@ def fit_item(ids: list[int], room: int, limit: int, rules: LengthRules, where: s
         width = room - len(head)
         if width < 1:
             what = "the model's prompt leaves" if head else "the query leaves"
-            raise Invalid(f"{where}: {what} no room for a window of it within the model's maximum of {limit} "
+            raise Invalid(where, f"{what} no room for a window of it within the model's maximum of {limit} "
                              "tokens")
         return [head + text[a:b] for a, b in window_bounds(len(text), width, rules.max_chunks, rules.direction)]
     if rules.truncate:
@@ -112,7 +112,7 @@ def check_token_ids(model: ScoringModel, sequences: list[list[int]], field_name:
     for seq in sequences:
         for token in seq:
             if not 0 <= token < size:
-                raise Invalid(f"{field_name}: token id {token} is out of range [0, {size})")
+                raise Invalid(field_name, f"token id {token} is out of range [0, {size})")
 
 
 @dataclass

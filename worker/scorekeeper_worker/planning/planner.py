@@ -1,9 +1,27 @@
-"""Validated request → tokenized sequences (encoding.py, template_encoding.py) → the pack units that score it
-(pure, CPU), with the planned tokens admitted (`--max-request-tokens`) before any unit is built."""
+"""A scoring request as planning reads it (`ScoreAsk`: its own type, never a wire model; the HTTP routes map
+/v1/score, /v1/rerank and /v1/embeddings bodies onto it, start-up probes, benchmarks and tests build it directly) →
+tokenized sequences (encoding.py, template_encoding.py) → the pack units that score it (pure, CPU), with the planned
+tokens admitted (`--max-request-tokens`) before any unit is built.
+
+The early count (`refuse_early`): a text request that would run more tokens than --max-request-tokens is refused
+once a count of part of it proves so, not after tokenizing megabytes (0.4 s of CPU per MB). The count is a lower
+bound of what the plan would count: the query once and every item's own tokens (cut to `max_tokens_per_item`),
+which every kind and mode runs at least. It tokenizes slices of the items in order and stops as soon as the bound
+passes the limit. Requests it cannot help are not counted: token ids (their lengths are free), requests whose items
+could not pass the limit even at one token per byte, and requests that ask to cut or chunk (their rows can be much
+shorter than their text) or go through a prompt template.
+
+Where a sequence is read and how it is numbered, as the model's own forward on it would do:
+- The token a decoder's head reads: causal LMs the last token; classifiers and reward models
+  (`*ForSequenceClassification`) the last token that is not `pad_token_id`, and token 0 when every token is pad
+  (transformers' `(arange * (ids != pad)).argmax()`), so with pad = EOS the token before an appended EOS.
+- Position ids: from `position_start` on, except in the RoBERTa family, which numbers them from the ids
+  (`create_position_ids_from_input_ids`): pad tokens take `padding_idx` and do not advance the count.
+- The RoPE table: the one the sequence's own length selects (model/trunk_patches.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from scorekeeper_worker.base.errors import Invalid, TooLarge
 from scorekeeper_worker.engine.queue.jobs import QUERY_SLOT
@@ -11,9 +29,59 @@ from scorekeeper_worker.engine.runner.packing import PackUnit, Pool
 from scorekeeper_worker.model.loader import ModelKind, Pooling, ScoringModel
 from scorekeeper_worker.model.sentence_transformers import Prompt
 from scorekeeper_worker.planning import template_encoding
-from scorekeeper_worker.planning.ask import ScoreAsk
-from scorekeeper_worker.planning.encoding import Tokenized, encode, plain_tokens
-from scorekeeper_worker.planning.readout import positions, read_index, rope_table
+from scorekeeper_worker.planning.bounded_tokens import bounded_ids
+from scorekeeper_worker.planning.encoding import LengthRules, Tokenized, encode, plain_tokens
+
+
+@dataclass(frozen=True)
+class ScoreAsk:
+    """One validated scoring request: a query and its items, all text or all token ids."""
+
+    query: str | list[int]
+    items: list[str] | list[list[int]]
+    label_token_ids: list[int] | list[list[int]] | None = None  # causal LMs: one list, or one list per item
+    apply_softmax: bool = False
+    temperature: float = 1.0
+    item_first: bool = False
+    return_pooled_hidden_states: bool = False
+    multi_item_scoring: bool | None = None  # None: the server's setting
+    instruct: str | None = None  # fills the prompt template's {instruct}
+    rules: LengthRules = field(default_factory=LengthRules)  # long inputs, and the field that names the items
+    prompt_name: str | None = None  # embedding models: the sentence-transformers prompt instead of the default one
+    embed: bool = False  # the items' embeddings alone, as pooled rows (/v1/embeddings): no query row
+    model_name: str = "default"  # echoed in the response, so it counts in the response's size
+
+    @property
+    def text(self) -> bool:
+        return isinstance(self.query, str)
+
+
+def read_index(model: ScoringModel, ids: list[int]) -> int:
+    """Index in `ids` (a whole sequence, at least one token) of the token whose output the head reads."""
+    pad = model.classifier_pad
+    if pad is None:
+        return len(ids) - 1
+    return next((i for i in range(len(ids) - 1, -1, -1) if ids[i] != pad), 0)
+
+
+def positions(model: ScoringModel, ids: list[int]) -> list[int] | None:
+    """Explicit position ids of a whole sequence, or None where they are `position_start + index`."""
+    if not model.support.position_offset:
+        return None
+    padding_idx = model.position_start - 1
+    numbered, count = [], 0
+    for token in ids:
+        if token == padding_idx:
+            numbered.append(padding_idx)
+        else:
+            count += 1
+            numbered.append(padding_idx + count)
+    return numbered
+
+
+def rope_table(model: ScoringModel, length: int) -> int:
+    """The RoPE table of a sequence of `length` tokens."""
+    return model.rope.table(length)
 
 
 @dataclass
@@ -28,15 +96,15 @@ def _check_prompt(model: ScoringModel, request: ScoreAsk, text: bool) -> None:
     wraps text pairs only."""
     template = model.template
     if template is not None and text and request.item_first:
-        raise Invalid("item_first: this server's prompt template (--prompt-template) places the item itself")
+        raise Invalid("item_first", "this server's prompt template (--prompt-template) places the item itself")
     if request.instruct is None:
         return
     if template is None:
-        raise Invalid("instruct: this server has no prompt template (--prompt-template) to put it in")
+        raise Invalid("instruct", "this server has no prompt template (--prompt-template) to put it in")
     if not text:
-        raise Invalid("instruct: token-id inputs are used verbatim, without the prompt template; send text")
+        raise Invalid("instruct", "token-id inputs are used verbatim, without the prompt template; send text")
     if not template.has_instruct:
-        raise Invalid(f"instruct: the prompt template {template.name} has no {{instruct}}")
+        raise Invalid("instruct", f"the prompt template {template.name} has no {{instruct}}")
 
 
 def embedding_prompt(model: ScoringModel, prompt_name: str | None) -> Prompt | None:
@@ -48,7 +116,7 @@ def embedding_prompt(model: ScoringModel, prompt_name: str | None) -> Prompt | N
         return model.sentence_config.prompt(prompt_name)
     except KeyError:
         names = ", ".join(repr(name) for name in sorted(model.sentence_config.prompts))
-        raise Invalid(f"prompt_name: {prompt_name!r} is not one of this model's prompts ({names})") from None
+        raise Invalid("prompt_name", f"{prompt_name!r} is not one of this model's prompts ({names})") from None
 
 
 def tokenize(model: ScoringModel, request: ScoreAsk) -> Tokenized:
@@ -80,9 +148,9 @@ def tokenize(model: ScoringModel, request: ScoreAsk) -> Tokenized:
 
 def _too_long(model: ScoringModel, length: int, what: str) -> None:
     if length > model.max_positions:
-        raise Invalid(f"{what}: sequence of {length} tokens exceeds the model's maximum of {model.max_positions}")
+        raise Invalid(what, f"sequence of {length} tokens exceeds the model's maximum of {model.max_positions}")
     if length == 0:
-        raise Invalid(f"{what}: empty sequence (empty query and empty item, no special tokens) cannot be scored")
+        raise Invalid(what, "empty sequence (empty query and empty item, no special tokens) cannot be scored")
 
 
 def _pooled(pooling: Pooling, length: int, first: int = 0) -> range:
@@ -90,6 +158,37 @@ def _pooled(pooling: Pooling, length: int, first: int = 0) -> range:
     pooled (sentence-transformers' include_prompt false)."""
     return {Pooling.CLS: range(first, first + 1), Pooling.MEAN: range(first, length),
             Pooling.LAST: range(length - 1, length)}[pooling]
+
+
+SLICE_BYTES = 64 * 1024  # text tokenized per step: a few milliseconds
+
+
+def refuse_early(model: ScoringModel, query: str | list[int], items: list[str] | list[list[int]],
+                 rules: LengthRules, limit: int | None) -> None:
+    if limit is None or not isinstance(query, str) or rules.truncate or rules.chunk or model.template is not None:
+        return
+    # Without an embedding model's prompt: a lower bound still (do_lower_case is in the tokenizer's normalizer).
+    texts: list[str] = [query, *items]  # type: ignore[list-item]
+    sizes = [len(text.encode("utf-8", "surrogatepass")) for text in texts]
+    if sum(sizes) <= limit:  # a token is at least a byte: the bound cannot pass the limit
+        return
+    cap = rules.max_item_tokens
+    counted, start, size = 0, 0, 0
+    for end, text_size in enumerate(sizes, start=1):
+        size += text_size
+        if size < SLICE_BYTES and end < len(texts):
+            continue
+        # Each text counted up to one token past the model's maximum (`bounded_ids`): beyond it, the text
+        # is refused as too long anyway (400), and its count stays a lower bound.
+        slice_ids = bounded_ids(model.tokenizer, texts[start:end], [model.max_positions + 1] * (end - start), False)
+        for i, tokens in enumerate(slice_ids, start):
+            counted += len(tokens.ids) if i == 0 or cap is None else min(len(tokens.ids), cap)
+        if counted > limit:
+            raise TooLarge(
+                f"{rules.field}: the request would run more than {limit} tokens through the model (counted "
+                f"{counted} in its first {end - 1} of {len(texts) - 1} items and the query, each once), over this "
+                "server's limit (--max-request-tokens); split it into smaller requests")
+        start, size = end, 0
 
 
 def admit(planned: int, limit: int | None, how: str, field: str) -> None:
@@ -147,7 +246,7 @@ def plan(model: ScoringModel, request: ScoreAsk, tokens: Tokenized, multi_item: 
             where = "query" if slot == QUERY_SLOT else _where(tokens, slot)
             _too_long(model, len(ids), where)
             if tokens.pool_from >= len(ids):
-                raise Invalid(f"{where}: nothing left to pool after the model's prompt ({tokens.pool_from} tokens, "
+                raise Invalid(where, f"nothing left to pool after the model's prompt ({tokens.pool_from} tokens, "
                                  "which its pooling leaves out: include_prompt false) within its maximum of "
                                  f"{model.max_positions} tokens")
         planned = sum(len(ids) for _, ids in sequences)

@@ -27,7 +27,7 @@ def refusal(model: ScoringModel, vocab: Vocabulary, where: str, token_id: int, l
     text = model.tokenizer.decode([token_id])
     rows = f"{vocab.input_rows} embedding rows" if limit is None or limit == vocab.input_rows else \
         f"{limit} rows (embedding and output)"
-    return Invalid(f"{where}: the text {text!r} is token {vocab.token(token_id)!r} (id {token_id}), past this model's "
+    return Invalid(where, f"the text {text!r} is token {vocab.token(token_id)!r} (id {token_id}), past this model's "
                    f"{rows}: the tokenizer has {vocab.tokenizer_ids} ids (tokens added without resizing the "
                    "embeddings), and the model cannot read it; leave that text out")
 

@@ -75,7 +75,7 @@ def _fit_query(model: ScoringModel, template: PromptTemplate, query: str, instru
     prompt, kept = _shrink(model, query, offsets, len(offsets) - (len(empty) - limit), rules.direction,
                            template.around_query(instruct))
     if len(prompt) > limit:
-        raise Invalid(f"instruct: the prompt template with this instruct alone is {len(prompt)} tokens, over the "
+        raise Invalid("instruct", f"the prompt template with this instruct alone is {len(prompt)} tokens, over the "
                          f"model's maximum of {limit}")
     start, end = (0, kept) if rules.direction == Direction.RIGHT else (len(offsets) - kept, len(offsets))
     return _span(query, offsets, start, end)
@@ -103,7 +103,7 @@ def _fit_item(model: ScoringModel, shared: str, tail: str, item: str, whole: lis
             if over <= 0:
                 return windows
             size -= over
-        raise Invalid(f"{where}: the query leaves no room for a window of it within the model's maximum of "
+        raise Invalid(where, f"the query leaves no room for a window of it within the model's maximum of "
                          f"{limit} tokens")
     if not rules.truncate:
         raise too_long(where, len(whole), limit, TRUNCATE_HINT)

@@ -21,7 +21,7 @@ from scorekeeper_worker.planning import decision_plan, decision_prompts
 from scorekeeper_worker.planning.decision_prompts import DecisionAsk
 from scorekeeper_worker.planning.encoding import too_long
 from scorekeeper_worker.planning.readable_ids import check_rows
-from scorekeeper_worker.serving.served import Served, run_job
+from scorekeeper_worker.serving.service import Served, run_job
 
 if TYPE_CHECKING:
     from scorekeeper_worker.serving.service import ScoringService
@@ -40,7 +40,7 @@ def _check_response_bytes(ask: DecisionAsk, model_name: str, limit: int) -> None
                                  for q in ask.questions)
     bound = OVERHEAD_BYTES + ANSWER_BYTES * len(ask.questions) + OPTION_BYTES * options + 12 * text
     if bound > limit:
-        raise ResponseTooLarge(f"questions: the response could reach {bound} bytes ({len(ask.questions)} questions, "
+        raise ResponseTooLarge("questions", f"the response could reach {bound} bytes ({len(ask.questions)} questions, "
                                f"{options} options), over this server's limit of {limit} (--max-response-bytes); "
                                "ask fewer questions per request")
 
@@ -48,7 +48,7 @@ def _check_response_bytes(ask: DecisionAsk, model_name: str, limit: int) -> None
 def served_template(service: ScoringService, route: str) -> tuple[Served, DecisionTemplate]:
     served = service.loaded()
     if served.model.kind != ModelKind.CAUSAL_LM or served.decision_template is None:
-        raise Invalid(f"model: {route} reads answers from a causal LM's next-token probabilities; this server "
+        raise Invalid("model", f"{route} reads answers from a causal LM's next-token probabilities; this server "
                       f"serves a {served.model.kind.value} (use /v1/score or /v1/rerank)")
     return served, served.decision_template
 
@@ -76,7 +76,7 @@ def _prepare(config: WorkerConfig, model: ScoringModel, template: DecisionTempla
              loop: asyncio.AbstractEventLoop) -> tuple[DecisionJob, decision_plan.DecisionPlan]:
     """Checks, prompts, tokens and the plan (a worker thread)."""
     if len(ask.questions) > config.max_items_per_request:
-        raise Invalid(f"questions: {len(ask.questions)} questions exceed the limit of "
+        raise Invalid("questions", f"{len(ask.questions)} questions exceed the limit of "
                       f"{config.max_items_per_request}")
     _check_response_bytes(ask, model.name, config.max_response_bytes)
     input_tokens = decision_prompts.input_tokens(model, ask)

@@ -11,11 +11,9 @@ from scorekeeper_worker.base.config import PooledHiddenStates, WorkerConfig
 from scorekeeper_worker.base.errors import Invalid, ResponseTooLarge
 from scorekeeper_worker.engine.queue.jobs import JobResult, ScoreJob
 from scorekeeper_worker.model.loader import ModelKind, ScoringModel
-from scorekeeper_worker.planning.ask import ScoreAsk
 from scorekeeper_worker.planning.encoding import check_token_ids
-from scorekeeper_worker.planning.planner import ScorePlan, plan, tokenize
+from scorekeeper_worker.planning.planner import ScoreAsk, ScorePlan, plan, refuse_early, tokenize
 from scorekeeper_worker.planning.readable_ids import check_rows
-from scorekeeper_worker.planning.token_budget import refuse_early
 
 # An upper bound of the JSON a response takes: the longest float Python writes ("-1.2345678901234567e-308") and its
 # comma; the brackets and commas of an item's score and pooled lists; the fixed fields (usage, object) with room to
@@ -31,24 +29,24 @@ def label_lists(model: ScoringModel, request: ScoreAsk, num_items: int) -> list[
         return None  # ignored for classifier, reward, cross-encoder and embedding models (SGLang does the same)
     labels = request.label_token_ids if request.label_token_ids is not None else model.default_labels
     if labels is None:
-        raise Invalid("label_token_ids is required for causal LM models (this server has no --label-tokens)")
+        raise Invalid("label_token_ids", "required for causal LM models (this server has no --label-tokens)")
     per_item = bool(labels) and isinstance(labels[0], list)
     lists: list[list[int]] = labels if per_item else [labels] * num_items  # type: ignore[list-item,assignment]
     if per_item and len(lists) != num_items:
-        raise Invalid(f"label_token_ids: {len(lists)} lists for {num_items} items; give one list per item")
+        raise Invalid("label_token_ids", f"{len(lists)} lists for {num_items} items; give one list per item")
     for at, row in enumerate(lists if per_item else [labels]):  # type: ignore[arg-type]
         if not row:
-            raise Invalid("label_token_ids must not be empty")
+            raise Invalid("label_token_ids", "must not be empty")
         if len(row) == 1 and request.apply_softmax:
             where = f"label_token_ids[{at}]" if per_item else "label_token_ids"
-            raise Invalid(f"{where}: a single label token under apply_softmax scores every item 1.0 (a softmax "
+            raise Invalid(where, "a single label token under apply_softmax scores every item 1.0 (a softmax "
                              "over one logit); send it with its alternatives, or apply_softmax false for its "
                              "probability")
         if len(set(row)) != len(row):
-            raise Invalid("label_token_ids must not contain duplicates")
+            raise Invalid("label_token_ids", "must not contain duplicates")
         for token in row:
             if not 0 <= token < model.logit_size:
-                raise Invalid(f"label_token_ids: token id {token} is out of range [0, {model.logit_size}) "
+                raise Invalid("label_token_ids", f"token id {token} is out of range [0, {model.logit_size}) "
                                  "(the model's logit size)")
     return lists
 
@@ -65,7 +63,7 @@ def check_response_bytes(model: ScoringModel, request: ScoreAsk, labels: list[li
         field = "input" if embed else "return_pooled_hidden_states" if pooled else \
             "label_token_ids" if labels is not None else "items"
         what = f"{items} items × {model.hidden_size} pooled floats" if pooled else f"{scores} scores"
-        raise ResponseTooLarge(f"{field}: the response could reach {bound} bytes ({what}), over this server's "
+        raise ResponseTooLarge(field, f"the response could reach {bound} bytes ({what}), over this server's "
                                f"limit of {limit} (--max-response-bytes); ask for fewer items per request")
 
 
@@ -101,16 +99,16 @@ class Prepared:
 def check(model: ScoringModel, ask: ScoreAsk, limits: Limits) -> list[list[int]] | None:
     """The checks that need only the request's shape; the label lists of a causal LM."""
     if len(ask.items) > limits.max_items:
-        raise Invalid(f"{ask.rules.field}: {len(ask.items)} items exceed the limit of {limits.max_items}")
+        raise Invalid(ask.rules.field, f"{len(ask.items)} items exceed the limit of {limits.max_items}")
     labels = label_lists(model, ask, len(ask.items))
     if isinstance(ask.query, list) and not ask.items:  # nothing is tokenized then, but the ids are still read
         check_token_ids(model, [ask.query], "query")
     if ask.return_pooled_hidden_states:
         if model.kind == ModelKind.CAUSAL_LM:
-            raise Invalid("return_pooled_hidden_states is not supported for causal LM models; it needs a "
+            raise Invalid("return_pooled_hidden_states", "not supported for causal LM models; it needs a "
                           "model with a task head (classifier, reward, cross-encoder) or an embedding model")
         if not limits.pooled_hidden_states:
-            raise Invalid("return_pooled_hidden_states is disabled on this server")
+            raise Invalid("return_pooled_hidden_states", "disabled on this server")
     check_response_bytes(model, ask, labels, limits.max_response_bytes)
     return labels
 

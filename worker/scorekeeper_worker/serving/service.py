@@ -1,29 +1,58 @@
 """The scoring service: one request from its checks to its scored rows, on the model that start-up proved
-(`serving/startup/load.py` hands it a `Served`). The event loop does O(1) work per request: checks, tokenization and
-planning run in a worker thread, the forward on the model thread."""
+(`serving/startup/load.py` hands it a `Served`: what start-up leaves for the per-request path). The event loop does
+O(1) work per request: checks, tokenization and planning run in a worker thread, the forward on the model thread.
+`run_job` is the one way a request's job (scores or decisions) goes through the queue."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
 from scorekeeper_worker.base.config import WorkerConfig
-from scorekeeper_worker.base.errors import DeviceLost, NotReady, Timeout
+from scorekeeper_worker.base.errors import DeviceLost, NonFiniteScore, NotReady, Timeout
 from scorekeeper_worker.base.metrics import WorkerMetrics
-from scorekeeper_worker.engine.queue.jobs import JobResult
-from scorekeeper_worker.engine.queue.scheduler import Scheduler
+from scorekeeper_worker.engine.queue.jobs import JobResult, Pending
+from scorekeeper_worker.engine.queue.scheduler import Plan, Scheduler
 from scorekeeper_worker.model.loader import ScoringModel
 from scorekeeper_worker.model.templates.decision_template import DecisionTemplate
-from scorekeeper_worker.planning.ask import ScoreAsk
+from scorekeeper_worker.planning.planner import ScoreAsk
 from scorekeeper_worker.serving.prepare import Limits, Prepared, check, prepare
-from scorekeeper_worker.serving.served import Served, run_job
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Served:
+    """The model, proven by the self-check; the queue its model thread drains; the decision template (causal LMs:
+    /v1/decisions and /v1/systemone)."""
+
+    model: ScoringModel
+    scheduler: Scheduler
+    decision_template: DecisionTemplate | None = None
+
+
+async def run_job(served: Served, job: Pending[R], plan: Plan, values: Callable[[R], Iterable[float]],
+                  what: str) -> R:
+    """Queue the job's plan and await its result; a request cancelled, timed out or failed leaves nothing queued.
+    Never a NaN or inf in a 200: the heads keep finite logits finite, this catches a model that overflowed."""
+    queued = served.scheduler.submit(job, plan)
+    try:
+        result = await job.future
+    except BaseException:
+        served.scheduler.cancel(queued)
+        raise
+    if not all(math.isfinite(value) for value in values(result)):
+        dtype = str(served.model.dtype).removeprefix("torch.")
+        raise NonFiniteScore(f"the model produced a non-finite score for this request (numeric overflow in {dtype}); "
+                             f"no {what} are returned")
+    return result
 
 
 @dataclass

@@ -21,6 +21,7 @@ from pathlib import Path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from scorekeeper_worker.api.error_shape import Unauthorized
+from scorekeeper_worker.api.middleware.per_request import request_header
 
 log = logging.getLogger(__name__)
 PROTECTED_PREFIXES = ("/v1/", "/v2/")  # the API (/v2/rerank: Cohere's path); probes, metrics and docs stay open
@@ -102,11 +103,11 @@ class ApiKeys:
 
 
 def _bearer_token(scope: Scope) -> bytes | None:
-    for name, value in scope["headers"]:
-        if name == b"authorization":
-            scheme, _, token = value.strip().partition(b" ")
-            return token.strip() if scheme.lower() == b"bearer" else None
-    return None
+    value = request_header(scope, b"authorization")
+    if value is None:
+        return None
+    scheme, _, token = value.strip().partition(b" ")
+    return token.strip() if scheme.lower() == b"bearer" else None
 
 
 class ApiKeyAuth:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request, Response
 
-from scorekeeper_worker.api.middleware.disconnect import cancel_on_disconnect
+from scorekeeper_worker.api.middleware.per_request import cancel_on_disconnect
 from scorekeeper_worker.api.routes.systemone import systemone_ask, systemone_response
 from scorekeeper_worker.api.wire.decisions import (
     ChoiceAnswer,
@@ -64,7 +64,7 @@ def _text(content: str | list[Any], field: str) -> str:
     texts = []
     for i, part in enumerate(content):
         if part.type == "input_image":
-            raise Invalid(f"{field}[{i}]: images are not supported: the served model reads text only")
+            raise Invalid(f"{field}[{i}]", "images are not supported: the served model reads text only")
         texts.append(json_text(part.data) if part.type == "input_json" else
                      part.refusal if part.type == "refusal" else part.text)
     return "\n".join(texts)

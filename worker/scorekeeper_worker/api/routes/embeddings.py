@@ -33,11 +33,11 @@ async def embed(service: ScoringService, request: EmbeddingRequest) -> tuple[lis
     """The inputs' embeddings, in order, and the tokens that ran."""
     model = service.model
     if model is not None and model.kind != ModelKind.EMBEDDING:
-        raise Invalid(f"model: /v1/embeddings needs an embedding model; this server serves a {model.kind.value} "
+        raise Invalid("model", f"/v1/embeddings needs an embedding model; this server serves a {model.kind.value} "
                          "(use /v1/score or /v1/rerank)")
     dimensions = model.sentence_config.truncate_dim or model.hidden_size if model is not None else None
     if dimensions is not None and request.dimensions is not None and request.dimensions != dimensions:
-        raise Invalid(f"dimensions: this model's embeddings have {dimensions} dimensions; "
+        raise Invalid("dimensions", f"this model's embeddings have {dimensions} dimensions; "
                          f"{request.dimensions} is not offered")
     scored = await service.run(request.ask())
     return scored.pooled or [], scored.prompt_tokens

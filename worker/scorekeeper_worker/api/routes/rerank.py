@@ -15,8 +15,8 @@ from scorekeeper_worker.api.wire.score import Usage
 from scorekeeper_worker.base.errors import Invalid
 from scorekeeper_worker.base.logs import REQUEST_ID
 from scorekeeper_worker.model.loader import ModelKind
-from scorekeeper_worker.planning.ask import ScoreAsk
 from scorekeeper_worker.planning.encoding import Direction, LengthRules
+from scorekeeper_worker.planning.planner import ScoreAsk
 
 if TYPE_CHECKING:
     from scorekeeper_worker.serving.service import ScoringService
@@ -38,7 +38,7 @@ async def rerank(service: ScoringService, request: RerankRequest) -> RerankRespo
     model = service.model
     causal = model is not None and model.kind == ModelKind.CAUSAL_LM
     if causal and model is not None and model.default_labels is None:
-        raise Invalid("model: /v1/rerank on a causal LM needs label tokens: start the server with --label-tokens "
+        raise Invalid("model", "/v1/rerank on a causal LM needs label tokens: start the server with --label-tokens "
                          "(\"yes,no\": relevance is the first one's probability) or a --prompt-template that has "
                          "them; or use /v1/score with label_token_ids")
     # A single logit's relevance is the activation the model declares (CrossEncoder.rank), sigmoid by default.

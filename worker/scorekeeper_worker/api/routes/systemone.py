@@ -24,9 +24,9 @@ from scorekeeper_worker.planning.decision_prompts import (
     ChatMessage,
     DecisionAsk,
     DecisionQuestion,
-    Option,
     QuestionKind,
     json_text,
+    options,
     yes_no,
 )
 
@@ -36,13 +36,12 @@ def _question(name: str, question: NoulQuestion | ChoiceQuestion | ScoreQuestion
     instructions = json_text(question.instructions)
     if isinstance(question, NoulQuestion):
         criteria = question.criteria
-        options = yes_no(criteria.true, criteria.false) if criteria is not None else yes_no()
-        return DecisionQuestion(QuestionKind.YES_NO, instructions, options, field)
+        yes_and_no = yes_no(criteria.true, criteria.false) if criteria is not None else yes_no()
+        return DecisionQuestion(QuestionKind.YES_NO, instructions, yes_and_no, field)
     if isinstance(question, ChoiceQuestion):
-        options = tuple(Option(label, description) for label, description in question.criteria.items())
-        return DecisionQuestion(QuestionKind.CHOICE, instructions, options, field)
-    options = tuple(Option(str(i), level) for i, level in enumerate(question.criteria))
-    return DecisionQuestion(QuestionKind.SCORE, instructions, options, field)
+        return DecisionQuestion(QuestionKind.CHOICE, instructions, options(question.criteria.items()), field)
+    levels = options((str(i), level) for i, level in enumerate(question.criteria))
+    return DecisionQuestion(QuestionKind.SCORE, instructions, levels, field)
 
 
 def systemone_ask(request: SystemOneRequest) -> DecisionAsk:

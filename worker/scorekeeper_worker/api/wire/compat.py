@@ -8,19 +8,21 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, Discriminator, Field, Tag
 
 from scorekeeper_worker.api.wire.score import (
-    INSTRUCT_HELP,
     MAX_INT,
-    STRICT,
-    TRUNCATE_HELP,
     Count,
+    CutToFit,
+    Instruct,
+    StrictModel,
     Text,
     TokenIds,
     TruncationDirection,
     Usage,
+    cut_end,
     integral,
+    own_tokens_limit,
 )
-from scorekeeper_worker.planning.ask import ScoreAsk
 from scorekeeper_worker.planning.encoding import Direction, LengthRules
+from scorekeeper_worker.planning.planner import ScoreAsk
 
 
 def _id_shape(value: Any) -> str | None:
@@ -38,10 +40,8 @@ DocumentId = Annotated[
 ]
 
 
-class RerankDocument(BaseModel):
+class RerankDocument(StrictModel):
     """A document as an object (Cohere v1, Jina): its text, and an id echoed in its result."""
-
-    model_config = STRICT
 
     text: Text
     id: DocumentId | None = None
@@ -58,20 +58,16 @@ Document = Annotated[
 ]
 
 
-class RerankRequest(BaseModel):
-    model_config = STRICT
-
+class RerankRequest(StrictModel):
     query: Text
     documents: list[Document]
     model: Text = "default"
     top_n: Count | None = Field(None, description="return only the best top_n (more than there are: all)")
     return_documents: bool = False
-    instruct: Text | None = Field(None, description=INSTRUCT_HELP)
-    truncate: bool = Field(False, description=TRUNCATE_HELP)
-    truncation_direction: TruncationDirection = Field("right", description="which end of a document is cut")
-    max_tokens_per_doc: Count | None = Field(
-        None, description="cut every document to this many of its own tokens (before special tokens and the prompt "
-                          "template; an embedding model's prompt is not counted or cut)")
+    instruct: Instruct = None
+    truncate: CutToFit = False
+    truncation_direction: TruncationDirection = cut_end("a document")
+    max_tokens_per_doc: Count | None = own_tokens_limit("document")
     long_document_strategy: Literal["truncate", "chunk"] = Field(
         "truncate", description="chunk: a document over the limit is scored in consecutive windows that fit beside "
                                 "the query; its relevance is the best window's")
@@ -121,9 +117,7 @@ EmbeddingInput = Annotated[
 ]
 
 
-class EmbeddingRequest(BaseModel):
-    model_config = STRICT
-
+class EmbeddingRequest(StrictModel):
     input: EmbeddingInput
     model: Text = "default"
     encoding_format: Literal["float", "base64"] = Field(
@@ -131,7 +125,7 @@ class EmbeddingRequest(BaseModel):
     dimensions: Count | None = Field(None, description="only the model's own dimension is accepted")
     user: Text | None = Field(None, description="accepted and ignored (OpenAI clients send it)")
     truncate: bool = Field(False, description="cut inputs over the model's maximum to fit (false: 400)")
-    truncation_direction: TruncationDirection = Field("right", description="which end of an input is cut")
+    truncation_direction: TruncationDirection = cut_end("an input")
     prompt_name: Text | None = Field(
         None, description="one of the model's sentence-transformers prompts (config_sentence_transformers.json), "
                           "prepended to every text input; default: the model's default_prompt_name, if any")

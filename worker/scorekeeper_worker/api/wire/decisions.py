@@ -9,11 +9,13 @@ text."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import operator
+from functools import reduce
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, Discriminator, Field, StrictBool, Tag, field_validator
 
-from scorekeeper_worker.api.wire.score import STRICT, Text, valid_text
+from scorekeeper_worker.api.wire.score import StrictModel, Text, valid_text
 from scorekeeper_worker.base.errors import Invalid
 
 
@@ -35,30 +37,26 @@ JsonValue = Annotated[Any, AfterValidator(_valid_json)]
 JsonObject = Annotated[dict[str, Any], AfterValidator(_valid_json)]
 
 
-class CacheBreakpoint(BaseModel):
-    model_config = STRICT
+class CacheBreakpoint(StrictModel):
     mode: Literal["explicit"]
 
 
-class InputText(BaseModel):
-    model_config = STRICT
+class InputText(StrictModel):
     type: Literal["input_text"]
     text: Text
     prompt_cache_breakpoint: CacheBreakpoint | None = None
 
 
-class InputImage(BaseModel):
-    model_config = STRICT
+class InputImage(StrictModel):
     type: Literal["input_image"]
     image_url: Text
     detail: Literal["low", "high", "auto", "original"] | None = None
     prompt_cache_breakpoint: CacheBreakpoint | None = None
 
 
-class InputJson(BaseModel):
+class InputJson(StrictModel):
     """A JSON object, or a list of objects, rendered as text."""
 
-    model_config = STRICT
     type: Literal["input_json"]
     data: Annotated[
         Annotated[JsonObject, Tag("<object>")] | Annotated[list[JsonObject], Tag("<list>")],
@@ -68,14 +66,12 @@ class InputJson(BaseModel):
     ]
 
 
-class OutputText(BaseModel):
-    model_config = STRICT
+class OutputText(StrictModel):
     type: Literal["output_text"]
     text: Text
 
 
-class Refusal(BaseModel):
-    model_config = STRICT
+class Refusal(StrictModel):
     type: Literal["refusal"]
     refusal: Text
 
@@ -84,6 +80,14 @@ def type_tag(value: Any) -> str | None:
     """The union tag of an object told apart by its `type` (tags are written `<...>`: left out of error paths)."""
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
     return f"<{kind}>" if isinstance(kind, str) else None
+
+
+def by_type(*models: type[BaseModel], error_type: str, message: str) -> Any:
+    """A union of models told apart by their `type` field (a Literal of one value), so an error names the one the
+    input's type picks."""
+    members = [Annotated[model, Tag(f"<{get_args(model.model_fields['type'].annotation)[0]}>")] for model in models]
+    return Annotated[reduce(operator.or_, members), Discriminator(type_tag, custom_error_type=error_type,
+                                                                  custom_error_message=message)]
 
 
 def _text_or_list(value: Any) -> str | None:
@@ -99,47 +103,33 @@ def text_or_list(part: Any, what: str) -> Any:
     ]
 
 
-UserPart = Annotated[
-    Annotated[InputText, Tag("<input_text>")] | Annotated[InputImage, Tag("<input_image>")]
-    | Annotated[InputJson, Tag("<input_json>")],
-    Discriminator(type_tag, custom_error_type="part_type",
-                  custom_error_message="Input should be an input_text, input_image or input_json part"),
-]
-ToolOutputPart = Annotated[
-    Annotated[InputText, Tag("<input_text>")] | Annotated[InputImage, Tag("<input_image>")],
-    Discriminator(type_tag, custom_error_type="part_type",
-                  custom_error_message="Input should be an input_text or input_image part"),
-]
-AssistantPart = Annotated[
-    Annotated[OutputText, Tag("<output_text>")] | Annotated[Refusal, Tag("<refusal>")],
-    Discriminator(type_tag, custom_error_type="part_type",
-                  custom_error_message="Input should be an output_text or refusal part"),
-]
+UserPart = by_type(InputText, InputImage, InputJson, error_type="part_type",
+                   message="Input should be an input_text, input_image or input_json part")
+ToolOutputPart = by_type(InputText, InputImage, error_type="part_type",
+                         message="Input should be an input_text or input_image part")
+AssistantPart = by_type(OutputText, Refusal, error_type="part_type",
+                        message="Input should be an output_text or refusal part")
 
 
-class UserMessage(BaseModel):
-    model_config = STRICT
+class UserMessage(StrictModel):
     role: Literal["user"]
     content: text_or_list(UserPart, "input_text, input_image or input_json parts")
     type: Literal["message"] = "message"
 
 
-class DeveloperMessage(BaseModel):
-    model_config = STRICT
+class DeveloperMessage(StrictModel):
     role: Literal["developer"]
     content: text_or_list(InputText, "input_text parts")
     type: Literal["message"] = "message"
 
 
-class SystemMessage(BaseModel):
-    model_config = STRICT
+class SystemMessage(StrictModel):
     role: Literal["system"]
     content: text_or_list(InputText, "input_text parts")
     type: Literal["message"] = "message"
 
 
-class AssistantMessage(BaseModel):
-    model_config = STRICT
+class AssistantMessage(StrictModel):
     role: Literal["assistant"]
     content: text_or_list(AssistantPart, "output_text or refusal parts")
     phase: Literal["commentary", "final_answer"] | None = None
@@ -149,10 +139,9 @@ class AssistantMessage(BaseModel):
 Status = Literal["in_progress", "completed", "incomplete"]
 
 
-class _ToolCall(BaseModel):
+class _ToolCall(StrictModel):
     """What a function call and a custom tool call share (in the input as the model's earlier turns)."""
 
-    model_config = STRICT
     call_id: Text
     name: Text
     id: Text | None = None
@@ -170,10 +159,9 @@ class CustomToolCall(_ToolCall):
     input: Text
 
 
-class _ToolOutput(BaseModel):
+class _ToolOutput(StrictModel):
     """What a function's and a custom tool's output share."""
 
-    model_config = STRICT
     call_id: Text
     output: text_or_list(ToolOutputPart, "input_text or input_image parts")
     id: Text | None = None
@@ -215,14 +203,13 @@ def _unique_values(keys: list[Any], field: str, what: str) -> None:
     for index, key in enumerate(keys):
         if key in seen:
             value = key[1] if isinstance(key, tuple) else key
-            raise Invalid(f"[{index}].{field} {value!r} repeats [{seen[key]}].{field}; each {what} must be unique")
+            raise Invalid(f"[{index}].{field}", f"{value!r} repeats [{seen[key]}].{field}; each {what} must be unique")
         seen[key] = index
 
 
-class PredicateQuestion(BaseModel):
+class PredicateQuestion(StrictModel):
     """How likely a statement about the input is true."""
 
-    model_config = STRICT
     type: Literal["predicate"]
     instructions: Instructions
     name: Text | None = None
@@ -235,16 +222,14 @@ ChoiceValue = Annotated[
 ]
 
 
-class Choice(BaseModel):
-    model_config = STRICT
+class Choice(StrictModel):
     value: ChoiceValue = Field(description="typed: a string and a boolean with the same text are distinct")
     description: Text | None = None
 
 
-class ChoiceQuestion(BaseModel):
+class ChoiceQuestion(StrictModel):
     """Choose one of the supplied options."""
 
-    model_config = STRICT
     type: Literal["choice"]
     instructions: Instructions
     choices: list[Choice] = Field(min_length=2, description="at least 2, each value unique; no upper bound but "
@@ -258,16 +243,14 @@ class ChoiceQuestion(BaseModel):
         return choices
 
 
-class Level(BaseModel):
-    model_config = STRICT
+class Level(StrictModel):
     label: Name
     description: Text | None = None
 
 
-class ScoreQuestion(BaseModel):
+class ScoreQuestion(StrictModel):
     """Rate the input on ordered levels (lowest first)."""
 
-    model_config = STRICT
     type: Literal["score"]
     instructions: Instructions
     levels: list[Level] = Field(min_length=2, description="at least 2, lowest first, each label unique")
@@ -280,23 +263,16 @@ class ScoreQuestion(BaseModel):
         return levels
 
 
-Question = Annotated[
-    Annotated[PredicateQuestion, Tag("<predicate>")] | Annotated[ChoiceQuestion, Tag("<choice>")]
-    | Annotated[ScoreQuestion, Tag("<score>")],
-    Discriminator(type_tag, custom_error_type="question_type",
-                  custom_error_message="Input should be a question of type predicate, choice or score"),
-]
+Question = by_type(PredicateQuestion, ChoiceQuestion, ScoreQuestion, error_type="question_type",
+                   message="Input should be a question of type predicate, choice or score")
 
 
-class CacheOptions(BaseModel):
-    model_config = STRICT
+class CacheOptions(StrictModel):
     mode: Literal["implicit", "explicit"] | None = None
     ttl: Literal["30m"] = "30m"
 
 
-class DecisionRequest(BaseModel):
-    model_config = STRICT
-
+class DecisionRequest(StrictModel):
     model: Text
     input: text_or_list(InputItem, "messages and tool items") = Field(
         description="the text, or the conversation, every question is about")

@@ -16,8 +16,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from scorekeeper_worker.base.errors import Invalid
-from scorekeeper_worker.planning.ask import ScoreAsk
 from scorekeeper_worker.planning.encoding import Direction, LengthRules
+from scorekeeper_worker.planning.planner import ScoreAsk
 from scorekeeper_worker.serving.service import Scored
 
 # The largest integer a request may hold: beyond it a JSON number is no longer exact in every client (JavaScript,
@@ -26,7 +26,12 @@ MAX_INT = 2**53 - 1
 # SGLang 0.5.23 request fields with semantics this server does not implement: refused, never silently ignored.
 UNSUPPORTED_SGLANG_FIELDS = ("return_token_logprobs", "score_extraction_token", "embed_override_token_id",
                              "query_embed_overrides", "item_embed_overrides")
-STRICT = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
+
+
+class StrictModel(BaseModel):
+    """A request body, or a part of one, validated strictly (see above); unknown fields are ignored."""
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
 
 
 def valid_text(value: str) -> str:
@@ -84,9 +89,21 @@ LabelTokenIds = Annotated[
 Temperature = Annotated[float, Field(gt=0)]
 Count = Annotated[int, Field(ge=1, le=MAX_INT), BeforeValidator(integral)]
 TruncationDirection = Literal["left", "right"]
-INSTRUCT_HELP = "fills {instruct} of the server's prompt template (--prompt-template); text inputs only"
-TRUNCATE_HELP = ("cut what does not fit the model's maximum: the item, or the query only if it alone cannot fit "
-                 "(false: such a request is a 400)")
+Instruct = Annotated[Text | None, Field(
+    description="fills {instruct} of the server's prompt template (--prompt-template); text inputs only")]
+CutToFit = Annotated[bool, Field(description="cut what does not fit the model's maximum: the item, or the query only "
+                                             "if it alone cannot fit (false: such a request is a 400)")]
+
+
+def cut_end(what: str) -> Any:
+    """A request's truncation_direction: which end of `what` is cut (default: the right)."""
+    return Field("right", description=f"which end of {what} is cut")
+
+
+def own_tokens_limit(what: str) -> Any:
+    """A request's max_tokens_per_<what> (default: no limit)."""
+    return Field(None, description=f"cut every {what} to this many of its own tokens (before special tokens and the "
+                                   "prompt template; an embedding model's prompt is not counted or cut)")
 
 
 def _score_schema(schema: dict[str, Any]) -> None:
@@ -104,8 +121,8 @@ def _score_schema(schema: dict[str, Any]) -> None:
         schema["properties"][name] = {"enum": [None, False], "description": "not supported by this server"}
 
 
-class ScoreRequest(BaseModel):
-    model_config = ConfigDict(**STRICT, json_schema_extra=_score_schema)
+class ScoreRequest(StrictModel):
+    model_config = ConfigDict(json_schema_extra=_score_schema)
 
     query: Query | None = Field(None, description="text, or token ids; missing or null: empty, of the items' kind")
     items: Items = Field(description="a bare string is one item")
@@ -118,12 +135,10 @@ class ScoreRequest(BaseModel):
     temperature: Temperature = Field(1.0, description="≠ 1 requires apply_softmax")
     multi_item_scoring: bool | None = Field(
         None, description="per-request override of the server's multi-item scoring (decoder models)")
-    instruct: Text | None = Field(None, description=INSTRUCT_HELP)
-    truncate: bool = Field(False, description=TRUNCATE_HELP)
-    truncation_direction: TruncationDirection = Field("right", description="which end of an item is cut")
-    max_tokens_per_item: Count | None = Field(
-        None, description="cut every item to this many of its own tokens (before special tokens and the prompt "
-                          "template; an embedding model's prompt is not counted or cut)")
+    instruct: Instruct = None
+    truncate: CutToFit = False
+    truncation_direction: TruncationDirection = cut_end("an item")
+    max_tokens_per_item: Count | None = own_tokens_limit("item")
 
     @model_validator(mode="before")
     @classmethod
@@ -131,18 +146,18 @@ class ScoreRequest(BaseModel):
         if isinstance(data, dict):
             for name in UNSUPPORTED_SGLANG_FIELDS:
                 if data.get(name) is not None and data.get(name) is not False:
-                    raise Invalid(f"{name} is not supported by this server")
+                    raise Invalid(name, "not supported by this server")
         return data
 
     @model_validator(mode="after")
     def _consistent(self) -> ScoreRequest:
         if self.temperature != 1.0 and not self.apply_softmax:
-            raise Invalid("temperature requires apply_softmax=true")
+            raise Invalid("temperature", "requires apply_softmax=true")
         items = [self.items] if isinstance(self.items, str) else self.items
         if self.query is None:
             self.query = [] if items and isinstance(items[0], list) else ""
         if items and isinstance(self.query, str) != isinstance(items[0], str):
-            raise Invalid("query and items must be the same kind: all text or all token ids")
+            raise Invalid("items", "query and items must be the same kind: all text or all token ids")
         self.items = items
         return self
 

@@ -15,8 +15,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Discriminator, Field, Tag
 
-from scorekeeper_worker.api.wire.decisions import JsonValue, Name, type_tag
-from scorekeeper_worker.api.wire.score import STRICT, Text
+from scorekeeper_worker.api.wire.decisions import JsonValue, Name, by_type
+from scorekeeper_worker.api.wire.score import StrictModel, Text
 
 Content = Annotated[
     Annotated[Text, Tag("<text>")] | Annotated[dict[str, JsonValue], Tag("<object>")]
@@ -27,53 +27,43 @@ Content = Annotated[
 ]
 
 
-class NoulCriteria(BaseModel):
+class NoulCriteria(StrictModel):
     """What counts as yes (`true`) and as no (`false`)."""
 
-    model_config = STRICT
     true: Text | None = None
     false: Text | None = None
 
 
-class NoulQuestion(BaseModel):
+class NoulQuestion(StrictModel):
     """Yes or no: answered with the probability of yes."""
 
-    model_config = STRICT
     type: Literal["noul"]
     instructions: Content
     criteria: NoulCriteria | None = None
 
 
-class ChoiceQuestion(BaseModel):
+class ChoiceQuestion(StrictModel):
     """One label of `criteria` (label → description or null), in the order given."""
 
-    model_config = STRICT
     type: Literal["choice"]
     instructions: Content
     criteria: dict[Name, Text | None] = Field(min_length=2, description="at least 2 labels; no upper bound but "
                                                                         "--max-request-tokens")
 
 
-class ScoreQuestion(BaseModel):
+class ScoreQuestion(StrictModel):
     """One level of `criteria` (descriptions, lowest first): answered with the expected level index."""
 
-    model_config = STRICT
     type: Literal["score"]
     instructions: Content
     criteria: list[Text] = Field(min_length=2, description="level descriptions, lowest first (at least 2)")
 
 
-SystemOneQuestion = Annotated[
-    Annotated[NoulQuestion, Tag("<noul>")] | Annotated[ChoiceQuestion, Tag("<choice>")]
-    | Annotated[ScoreQuestion, Tag("<score>")],
-    Discriminator(type_tag, custom_error_type="question_type",
-                  custom_error_message="Input should be a question of type noul, choice or score"),
-]
+SystemOneQuestion = by_type(NoulQuestion, ChoiceQuestion, ScoreQuestion, error_type="question_type",
+                            message="Input should be a question of type noul, choice or score")
 
 
-class SystemOneRequest(BaseModel):
-    model_config = STRICT
-
+class SystemOneRequest(StrictModel):
     model: Text = "default"
     state: JsonValue = Field(description="the text or JSON value every question is about")
     questions: dict[Name, SystemOneQuestion] = Field(min_length=1, description="named questions, answered by name; "

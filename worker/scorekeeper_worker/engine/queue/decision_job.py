@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from scorekeeper_worker.engine.queue.jobs import Pending
-from scorekeeper_worker.engine.runner import heads
+from scorekeeper_worker.engine.runner import forward
 from scorekeeper_worker.engine.runner.device_copy import CopyStats
 from scorekeeper_worker.model.loader import ScoringModel
 
@@ -70,10 +70,10 @@ def token_log_probs(model: ScoringModel, rows: torch.Tensor, targets: torch.Tens
     """log p(targets[i] | row i) [n] in float32: a log-softmax over the full vocabulary (after Gemma2's final
     softcapping), a chunk of rows at a time so memory does not grow with the rows of a job."""
     head = model.model.get_output_embeddings()
-    step = max(1, heads.NORMALISER_ELEMENTS // model.logit_size)
+    step = max(1, forward.NORMALISER_ELEMENTS // model.logit_size)
     out = []
     for i in range(0, rows.shape[0], step):
-        logits = heads._softcap(model, head(rows[i:i + step]).float())
+        logits = forward._softcap(model, head(rows[i:i + step]).float())
         out.append(torch.log_softmax(logits, dim=-1).gather(1, targets[i:i + step, None])[:, 0])
     return torch.cat(out)
 
@@ -109,7 +109,7 @@ class DecisionJob(Pending[DecisionResult]):
 
     def absorb(self, model: ScoringModel, slots: list[int], rows: torch.Tensor, copies: CopyStats) -> None:
         """Take this job's rows of one batch: each row's term of its question's option log-probabilities."""
-        features = heads.pre_head(model, rows.to(model.dtype))
+        features = forward.pre_head(model, rows.to(model.dtype))
         targets = [self.targets[slot] for slot in slots]
         ends: dict[int, list[int]] = {}  # question rows, grouped by their number of options
         for at, target in enumerate(targets):
@@ -120,7 +120,7 @@ class DecisionJob(Pending[DecisionResult]):
             labels = torch.tensor([[option[0] for option in self.questions[q].options] for q in questions],
                                   device=features.device)
             # log of the softmax over the first tokens: the first term up to a constant per question
-            first = heads.causal_lm_scores(model, features[positions], labels, True, 1.0)
+            first = forward.causal_lm_scores(model, features[positions], labels, True, 1.0)
             for at, q, row in zip(positions, questions, first.log().tolist(), strict=True):
                 self.first[slots[at]] = (q, row)
         later = [at for at, target in enumerate(targets) if target.option >= 0]

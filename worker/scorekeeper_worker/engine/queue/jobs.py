@@ -10,7 +10,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from scorekeeper_worker.engine.runner import heads
+from scorekeeper_worker.engine.runner import forward
 from scorekeeper_worker.engine.runner.device_copy import CopyStats, host_vectors
 from scorekeeper_worker.model.loader import ModelKind, ScoringModel
 
@@ -80,24 +80,24 @@ class ScoreJob(Pending[JobResult]):
         """Score this job's pooled rows from one batch (slot = item index, or QUERY_SLOT)."""
         if model.kind == ModelKind.EMBEDDING and QUERY_SLOT in slots:
             at = slots.index(QUERY_SLOT)
-            self.query_embedding = heads.embeddings(model, rows[at:at + 1])[0]
+            self.query_embedding = forward.embeddings(model, rows[at:at + 1])[0]
             self.remaining -= 1
             slots, rows = slots[:at] + slots[at + 1 :], torch.cat([rows[:at], rows[at + 1 :]])
         if not slots:
             return
-        features = heads.pre_head(model, rows.to(model.dtype))
+        features = forward.pre_head(model, rows.to(model.dtype))
         if model.kind == ModelKind.CAUSAL_LM:
             scores = self._label_scores(model, slots, features)
         elif self.embed:
             scores = [[] for _ in slots]
-            features = heads.embeddings(model, features)
+            features = forward.embeddings(model, features)
         elif model.kind == ModelKind.EMBEDDING:
             assert self.query_embedding is not None  # the query unit is planned first, so it is scored first
-            scores = heads.similarity_scores(model.sentence_config.similarity, self.query_embedding,
-                                             heads.embeddings(model, rows))
+            scores = forward.similarity_scores(model.sentence_config.similarity, self.query_embedding,
+                                             forward.embeddings(model, rows))
         else:
-            logits = heads.classifier_logits(model, features)
-            scores = heads.classifier_scores(logits, self.apply_softmax, self.temperature, model.multi_label)
+            logits = forward.classifier_logits(model, features)
+            scores = forward.classifier_scores(logits, self.apply_softmax, self.temperature, model.multi_label)
         for slot, row in zip(slots, scores if isinstance(scores, list) else scores.tolist(), strict=True):
             self.scores[slot] = row
         if self.want_pooled:
@@ -120,7 +120,7 @@ class ScoreJob(Pending[JobResult]):
         rows: list[list[float]] = [[] for _ in slots]
         for positions in by_length.values():
             labels = torch.tensor([self.labels[slots[at]] for at in positions], device=features.device)
-            scores = heads.causal_lm_scores(model, features[positions], labels, self.apply_softmax, self.temperature)
+            scores = forward.causal_lm_scores(model, features[positions], labels, self.apply_softmax, self.temperature)
             for at, row in zip(positions, scores.tolist(), strict=True):
                 rows[at] = row
         return rows

@@ -1,17 +1,25 @@
-"""The model forward on a packed batch, pooled: shared by the eager executor and the CUDA-graph runner, which
-captures exactly this function."""
+"""The model's own computation on a packed batch: the trunk forward, pooled (`pooled_rows`: shared by the eager
+executor and the CUDA-graph runner, which captures exactly this function), then the heads, on gathered rows only
+(never on every token).
+
+Each head takes pooled trunk outputs `rows [n, H]` (one per scored item) and returns scores `[n, k]`. Classifier heads
+are the model's own modules (the support matrix names them), so a head is never re-implemented here. Scores are
+computed so they stay finite for every finite temperature > 0: softmax subtracts the maximum before dividing by the
+temperature (in float64), so a tiny temperature tends to the arg-max one-hot and a huge one to the uniform
+distribution, instead of overflowing to inf - inf = NaN."""
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
 import torch
+import torch.nn.functional as F
 
 from scorekeeper_worker.engine.runner.packing import ForwardInputs
 from scorekeeper_worker.model.kernels.attention import LayoutKind
-from scorekeeper_worker.model.loader import ScoringModel
-from scorekeeper_worker.model.pooled_rows import only_rows
-from scorekeeper_worker.model.rope import per_token_tables
+from scorekeeper_worker.model.loader import HeadModules, ScoringModel
+from scorekeeper_worker.model.sentence_transformers import Similarity
+from scorekeeper_worker.model.trunk_patches import only_rows, per_token_tables
 
 
 class PaddedTrunk(Protocol):
@@ -66,3 +74,90 @@ def pooled_rows(model: ScoringModel, inputs: ForwardInputs, trunk: PaddedTrunk |
     pooled = torch.zeros(inputs.pool_rows or len(inputs.readouts), hidden.shape[-1], dtype=torch.float32,
                          device=hidden.device)
     return pooled.index_add_(0, inputs.pool_slot, contributions)
+
+
+def _apply(modules: HeadModules, x: torch.Tensor) -> torch.Tensor:
+    for module, reads_sequence in modules:
+        x = module(x[:, None, :]) if reads_sequence else module(x)
+    return x
+
+
+# Logits the full-vocabulary normaliser materialises at once: rows are taken in chunks of this many logits in all
+# (16 M: 64 MB of float32, ~110 rows of a 150k vocabulary), so its memory does not grow with the items of a job.
+NORMALISER_ELEMENTS = 1 << 24
+
+
+def pre_head(model: ScoringModel, rows: torch.Tensor) -> torch.Tensor:
+    """The vector the head consumes (what `return_pooled_hidden_states` returns): the trunk's pooled row, through
+    the trunk's own pooler where the classifier reads that (BERT)."""
+    return _apply(model.pre_head, rows)
+
+
+def classifier_logits(model: ScoringModel, features: torch.Tensor) -> torch.Tensor:
+    """The model's own head modules on pre-head features → float32 logits [n, num_labels]."""
+    return _apply(model.head, features).float()
+
+
+def _softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    shifted = logits.double() - logits.double().amax(dim=-1, keepdim=True)  # ≤ 0, and exactly 0 at the maximum
+    return torch.softmax(shifted / temperature, dim=-1)
+
+
+def classifier_scores(logits: torch.Tensor, apply_softmax: bool, temperature: float,
+                      multi_label: bool = False) -> torch.Tensor:
+    """Raw logits, or probabilities: over classes, or one sigmoid per class for a single logit (not SGLang's
+    constant 1.0) and for multi-label classifiers (transformers' multi_label_classification: classes are not
+    exclusive)."""
+    if not apply_softmax:
+        return logits
+    if logits.shape[-1] == 1 or multi_label:
+        return torch.sigmoid(logits.double() / temperature)  # ±inf for extreme temperatures: sigmoid is 0 or 1
+    return _softmax(logits, temperature)
+
+
+def _softcap(model: ScoringModel, logits: torch.Tensor) -> torch.Tensor:
+    cap = getattr(model.model.config, "final_logit_softcapping", None)
+    return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+def causal_lm_scores(model: ScoringModel, rows: torch.Tensor, labels: torch.Tensor, apply_softmax: bool,
+                     temperature: float) -> torch.Tensor:
+    """`labels [n, k]`. apply_softmax: softmax over the label logits only (needs k rows of the output embedding);
+    otherwise true probabilities exp(log_softmax)[labels], whose normaliser needs the full vocabulary."""
+    head = model.model.get_output_embeddings()
+    weight = head.weight[labels]  # [n, k, H]
+    label_logits = torch.einsum("nh,nkh->nk", rows, weight).float()
+    if head.bias is not None:
+        label_logits = label_logits + head.bias[labels].float()
+    label_logits = _softcap(model, label_logits)
+    if apply_softmax:
+        return _softmax(label_logits, temperature)
+    return torch.exp(label_logits - _log_normaliser(model, head, rows))
+
+
+def _log_normaliser(model: ScoringModel, head: torch.nn.Module, rows: torch.Tensor) -> torch.Tensor:
+    """logsumexp over the full vocabulary [n, 1], a chunk of rows at a time."""
+    step = max(1, NORMALISER_ELEMENTS // model.logit_size)
+    return torch.cat([torch.logsumexp(_softcap(model, head(rows[i:i + step]).float()), dim=-1, keepdim=True)
+                      for i in range(0, rows.shape[0], step)])
+
+
+def embeddings(model: ScoringModel, pooled: torch.Tensor) -> torch.Tensor:
+    """What `SentenceTransformer.encode` returns: the pooled rows, L2-normalised when the model's modules.json ends
+    with Normalize, then cut to its truncate_dim."""
+    config = model.sentence_config
+    vectors = F.normalize(pooled.float(), p=2.0, dim=-1) if config.normalize else pooled.float()
+    return vectors if config.truncate_dim is None else vectors[:, :config.truncate_dim]
+
+
+def similarity_scores(similarity: Similarity, query: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+    """[H] and [n, H] embeddings → [n, 1] float32 scores, as the model's `similarity_fn_name` defines them
+    (sentence-transformers' cos_sim, dot_score, and minus the euclidean or manhattan distance)."""
+    query, items = query.float()[None, :], items.float()
+    if similarity == Similarity.COSINE:
+        scores = F.cosine_similarity(items, query, dim=-1)
+    elif similarity == Similarity.DOT:
+        scores = (items * query).sum(dim=-1)
+    else:
+        scores = -torch.linalg.vector_norm(items - query, ord=2 if similarity == Similarity.EUCLIDEAN else 1, dim=-1)
+    return scores[:, None]

@@ -44,7 +44,7 @@ class PackUnit:
     token_types: list[int] | None = None  # for the context row (encoders)
     position_start: int = 0  # first position id (2 for XLM-R, whose positions start after padding_idx)
     positions: list[int] | None = None  # the context row's position ids where they are not position_start + index
-    rope_table: int = 0  # the RoPE table of every token of the unit (model/rope.py)
+    rope_table: int = 0  # the RoPE table of every token of the unit (model/trunk_patches.py)
     pools: list[Pool] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
 

@@ -22,8 +22,8 @@ from transformers import AutoTokenizer
 
 from scorekeeper_worker.engine.runner.executor import Executor
 from scorekeeper_worker.model.loader import ScoringModel
-from scorekeeper_worker.planning.ask import ScoreAsk
 from scorekeeper_worker.planning.encoding import LengthRules
+from scorekeeper_worker.planning.planner import ScoreAsk
 from scorekeeper_worker.serving.direct import score_now, scored
 
 PROBE_QUERY = "What is the capital of France?"

@@ -18,11 +18,11 @@ from scorekeeper_worker.engine.runner.cuda_graphs import GraphRunner
 from scorekeeper_worker.engine.runner.executor import Executor
 from scorekeeper_worker.model.kernels.attention import LayoutKind
 from scorekeeper_worker.model.kernels.flex import resolve_backend
-from scorekeeper_worker.model.kernels.onednn_linear import fuse_linears
 from scorekeeper_worker.model.loader import ModelKind, ScoringModel, load_model
 from scorekeeper_worker.model.templates.decision_template import DecisionTemplate, resolve_decision_template
 from scorekeeper_worker.model.templates.prompt_template import load_template, resolve_label_tokens
-from scorekeeper_worker.serving.served import Served
+from scorekeeper_worker.model.trunk_patches import fuse_linears
+from scorekeeper_worker.serving.service import Served
 from scorekeeper_worker.serving.startup import cpu_memory, cpu_threads, decision_selfcheck, quantization, selfcheck
 from scorekeeper_worker.serving.startup.gc_pauses import freeze_after_load
 

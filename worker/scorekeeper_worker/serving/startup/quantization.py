@@ -30,8 +30,8 @@ from scorekeeper_worker.engine.runner.executor import Executor
 from scorekeeper_worker.engine.runner.int8_trunk import Int8Unavailable, RecordingTrunk, quantize
 from scorekeeper_worker.model.dtypes import host_cpu_flags
 from scorekeeper_worker.model.loader import ModelKind, ScoringModel
-from scorekeeper_worker.planning.ask import ScoreAsk
 from scorekeeper_worker.planning.encoding import LengthRules
+from scorekeeper_worker.planning.planner import ScoreAsk
 from scorekeeper_worker.serving.direct import score_now, scored
 from scorekeeper_worker.serving.startup.probe_texts import calibration_requests, certificate_requests
 

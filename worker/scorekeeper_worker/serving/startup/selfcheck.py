@@ -33,10 +33,9 @@ import torch
 from scorekeeper_worker.engine.runner.executor import Executor
 from scorekeeper_worker.model.dtypes import dtype_name
 from scorekeeper_worker.model.kernels.attention import ATTENTION_NAME
-from scorekeeper_worker.model.kernels.onednn_linear import plain_linears
 from scorekeeper_worker.model.loader import ModelKind, ScoringModel
-from scorekeeper_worker.model.rope import transformers_rotary
-from scorekeeper_worker.planning.ask import ScoreAsk
+from scorekeeper_worker.model.trunk_patches import plain_linears, transformers_rotary
+from scorekeeper_worker.planning.planner import ScoreAsk
 from scorekeeper_worker.serving.direct import score_now, scored
 from scorekeeper_worker.serving.prepare import Limits
 from scorekeeper_worker.serving.startup import embedding_reference

@@ -1,5 +1,8 @@
-"""RoPE tables chosen per sequence, without state: a score never depends on the rest of its packed batch.
+"""The engine's changes to the model's own trunk, made at load: each keeps the model's forward and its numbers, takes
+its per-forward setting from a context variable (so the forward's signature stays transformers'), and can be set
+aside for the self-check's transformers reference forwards.
 
+RoPE tables chosen per sequence, without state: a score never depends on the rest of its packed batch.
 transformers' rotary embeddings pick their table from the longest position of the whole forward
 (`dynamic_rope_update`): `longrope` switches to its long factors when any position passes
 `original_max_position_embeddings`, and `dynamic` rescales beyond `max_position_embeddings` and keeps the rescaled
@@ -7,25 +10,59 @@ table until a shorter forward resets it. A packed batch holds many sequences, so
 module with `PackedRotary`: the tables of every length class are computed once at load (with transformers' own
 functions and buffers), and each token takes the table of its own sequence, the one its sequence's own forward
 would use (`RopeTables.table`, chosen by the planner and passed per token). Nothing is written during a forward.
-
 `dynamic` needs one table only: within `max_position_embeddings` (the planner refuses longer sequences and counts
 the multi-item delimiter) transformers' dynamic table is the unscaled one. The original modules are kept, and
-`transformers_rotary` puts them back for the self-check's reference forwards."""
+`transformers_rotary` puts them back.
+
+Only the pooled rows through the per-token tail of the last layer. A cross-encoder reads one token per sequence
+(CLS pooling), yet a forward computes every token to the end. In an encoder layer the attention is the only step
+that mixes tokens; after the last layer's attention every step (output projection, residual, norms, feed-forward)
+works row by row. So from there on the engine keeps only the rows that pools read: the same values for those rows,
+and for a six-layer MiniLM about a seventh of the forward saved. `ArchitectureSupport.pooled_rows_from` names the
+module where that tail starts; it is called with tensors of one row per token ([1, T, H]: the attention output and
+the residual), and a forward pre-hook cuts them to the selected rows. The selection is set for one forward by
+`only_rows` (engine/runner/forward.py): transformers' own forwards of the same model run whole.
+
+Linear layers through oneDNN on CPU, with the bias (and a GELU that follows) in the matrix product's epilogue.
+torch's `nn.Linear` on CPU copies the bias into the output and runs MKL's sgemm on top (`addmm`), and a GELU after it
+is another pass over the result: two extra passes over every activation. oneDNN's fused linear, the op Inductor
+emits on CPU, adds the bias and applies the GELU while a tile is still in registers (docs/benchmarks.md measures
+it). Float32 results differ from MKL's only by summation order (about 1e-6 relative). `plain_linears()` runs the
+original modules for the duration."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
+from torch import nn
+from transformers.activations import GELUActivation
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from scorekeeper_worker.model.support import ArchitectureSupport
 
 # RoPE types whose tables this module reproduces (transformers' ROPE_INIT_FUNCTIONS, plus "default").
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
 
 _SELECTION: ContextVar[torch.Tensor | None] = ContextVar("scorekeeper_rope_tables", default=None)
+_ROWS: ContextVar[torch.Tensor | None] = ContextVar("scorekeeper_pooled_rows", default=None)
+_PLAIN: ContextVar[bool] = ContextVar("scorekeeper_plain_linears", default=False)
+_fused = torch.ops.mkldnn._linear_pointwise
+V = TypeVar("V")
+
+
+@contextmanager
+def _during(variable: ContextVar[V], value: V) -> Iterator[None]:
+    """`variable` holds `value` for the duration (one forward, or a reference forward)."""
+    token = variable.set(value)
+    try:
+        yield
+    finally:
+        variable.reset(token)
 
 
 @dataclass(frozen=True)
@@ -39,14 +76,9 @@ class RopeTables:
         return int(self.long_after is not None and length > self.long_after)
 
 
-@contextmanager
-def per_token_tables(selection: torch.Tensor) -> Iterator[None]:
+def per_token_tables(selection: torch.Tensor) -> AbstractContextManager[None]:
     """During one forward: token t of the packed row uses table `selection[t]` ([T] int64)."""
-    token = _SELECTION.set(selection)
-    try:
-        yield
-    finally:
-        _SELECTION.reset(token)
+    return _during(_SELECTION, selection)
 
 
 def _rope_parameters(config: object, layer_type: str | None) -> dict[str, object]:
@@ -133,3 +165,68 @@ def transformers_rotary(model: torch.nn.Module) -> Iterator[None]:
     finally:
         for parent, name, packed in replaced:
             setattr(parent, name, packed)
+
+
+
+
+def install_row_selection(trunk: torch.nn.Module, arch: ArchitectureSupport) -> bool:
+    """Hook the module where the last layer's per-token tail starts; False if the architecture has none listed."""
+    if arch.pooled_rows_from is None:
+        return False
+    last = trunk.config.num_hidden_layers - 1
+    trunk.get_submodule(arch.pooled_rows_from.format(last=last)).register_forward_pre_hook(_select, with_kwargs=True)
+    return True
+
+
+def _select(_module: torch.nn.Module, args: tuple[Any, ...],
+            kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    rows = _ROWS.get()
+    if rows is None:
+        return None
+    return (tuple(a.index_select(1, rows) for a in args),
+            {name: value.index_select(1, rows) for name, value in kwargs.items()})
+
+
+def only_rows(rows: torch.Tensor | None) -> AbstractContextManager[None]:
+    """During one forward: the trunk's output holds only the packed tokens `rows` ([K] int64, ascending), in that
+    order (None: every token)."""
+    return _during(_ROWS, rows)
+
+
+class FusedLinear(nn.Module):
+    """`linear`, then GELU (erf) when `gelu`, as one oneDNN call."""
+
+    def __init__(self, linear: nn.Linear, gelu: bool = False) -> None:
+        super().__init__()
+        self.linear, self.gelu = linear, gelu
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _PLAIN.get():
+            out = self.linear(x)
+            return nn.functional.gelu(out) if self.gelu else out
+        return _fused(x, self.linear.weight, self.linear.bias, "gelu" if self.gelu else "none", [],  # type: ignore[no-any-return]
+                      "none" if self.gelu else "")
+
+
+def _exact_gelu(module: nn.Module) -> bool:
+    return isinstance(module, GELUActivation) and module.act is nn.functional.gelu
+
+
+def fuse_linears(trunk: nn.Module) -> int:
+    """Replace every `nn.Linear` of `trunk` (CPU, float32) by a FusedLinear; a `dense` linear followed by an exact
+    GELU as `intermediate_act_fn` (BERT-style feed-forward) takes the GELU into its epilogue. Returns the count."""
+    count = 0
+    for module in list(trunk.modules()):
+        dense, act = getattr(module, "dense", None), getattr(module, "intermediate_act_fn", None)
+        if isinstance(dense, nn.Linear) and act is not None and _exact_gelu(act):
+            module.dense, module.intermediate_act_fn = FusedLinear(dense, gelu=True), nn.Identity()
+            count += 1
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(module, name, FusedLinear(child))
+                count += 1
+    return count
+
+
+def plain_linears() -> AbstractContextManager[None]:
+    return _during(_PLAIN, True)
