@@ -158,13 +158,17 @@ def test_the_compile_cache_is_keyed_by_the_cpu_vector_instructions(tmp_path: Pat
             "CompiledTrunk(trunk); print(keyed_cache_dir(Path('/cache'))); "
             "print(os.environ['TORCHINDUCTOR_CACHE_DIR'])")
 
-    def directories(isa: str) -> list[str]:
+    def directories(isa: str, inductor_dir: Path | None = None) -> list[str]:
         environ = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
         environ["ATEN_CPU_CAPABILITY"] = isa
+        if inductor_dir is not None:  # the pod's emptyDir, set by the operator
+            environ["TORCHINDUCTOR_CACHE_DIR"] = str(inductor_dir)
         return subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True,
                               check=True).stdout.split()
 
     native, avx2 = directories("default"), directories("avx2")
-    assert avx2[0] == f"/cache/torch-{torch.__version__}-avx2" and avx2[1].endswith(avx2[0].split("/")[-1])
+    key = f"torch-{torch.__version__}-avx2"
+    assert avx2[0] == f"/cache/{key}" and Path(avx2[1]).name == key
+    assert directories("avx2", tmp_path)[1] == str(tmp_path / key)
     host_has_avx512 = "avx512f" in Path("/proc/cpuinfo").read_text()
     assert (native != avx2) == host_has_avx512, (native, avx2)

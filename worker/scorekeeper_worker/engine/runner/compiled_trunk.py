@@ -132,10 +132,12 @@ class CompiledTrunk:
         if self.cache_dir is not None:
             self.cache_dir = keyed_cache_dir(self.cache_dir)
             use_cache_dir(self.cache_dir)
-        elif "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # Inductor's default directory, keyed all the same
-            from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+        else:  # whichever directory Inductor uses (its default, the pod's emptyDir), keyed all the same
+            from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(keyed_cache_dir(Path(default_cache_dir())))
+            base = Path(cache_dir())
+            if base.name != keyed_cache_dir(base).name:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(keyed_cache_dir(base))
         import torch._dynamo.config as dynamo_config
 
         dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
