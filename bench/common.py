@@ -30,9 +30,10 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_P
                "INFINITY_ANONYMOUS_USAGE_STATS": "0", "DO_NOT_TRACK": "1"}
 
 
-# An AVX-512 CPU capped to AVX2 for torch's own kernels, oneDNN (torch's and OpenVINO's) and FBGEMM: how the
-# benchmarks emulate a CPU without AVX-512 or VNNI (set before a process loads any of them).
-AVX2_CAP = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}
+# An AVX-512 CPU capped to AVX2 for torch's own kernels, oneDNN (torch's and OpenVINO's), FBGEMM and MKL (torch's
+# nn.Linear on CPU): how the benchmarks emulate a CPU without AVX-512 or VNNI (set before a process loads any of them).
+AVX2_CAP = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
+            "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 
 
 def background_load(condition: str, cpus: int) -> list[str] | None:
