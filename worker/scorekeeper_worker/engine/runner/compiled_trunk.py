@@ -136,8 +136,9 @@ class CompiledTrunk:
             from torch._inductor.runtime.cache_dir_utils import cache_dir
 
             base = Path(cache_dir())
-            if base.name != keyed_cache_dir(base).name:
-                os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(keyed_cache_dir(base))
+            keyed = keyed_cache_dir(base)
+            if base.name != keyed.name:  # not already this process's subdirectory
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(keyed)
         import torch._dynamo.config as dynamo_config
 
         dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
