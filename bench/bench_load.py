@@ -32,7 +32,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import REPO, Worker, log, machine_note, markdown_table, set_threads
+from common import REPO, Worker, exit_on_sigterm, log, machine_note, markdown_table, set_threads
+from load_metrics import parse, startup_note
 from load_runner import Target, run_step
 from load_stats import Step, SweepRule, best_at_slo, next_qps, poisson_arrivals
 from load_workload import PRESETS, BodyPool, Mix, Shape, label_ids
@@ -224,8 +225,10 @@ def main() -> None:
                         "choice, every core; on a shared CPU machine 1 avoids threads spinning for a busy core)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--worker-log", type=Path, help="keep the log of the worker started here (its first arm's)")
     args = parser.parse_args()
     set_threads(args.threads)
+    exit_on_sigterm()
 
     from transformers import AutoTokenizer
 
@@ -248,10 +251,14 @@ def main() -> None:
             if arm.worker_flags not in workers:
                 assert model is not None
                 workers[arm.worker_flags] = Worker(model, args.dtype, list(arm.worker_flags))
+                metrics = workers[arm.worker_flags].client.get("/metrics")
+                log(f"{arm.name}: {startup_note(parse(metrics.text)) if metrics.is_success else 'no /metrics'}")
             url = workers[arm.worker_flags].url
             targets[arm.name] = Target(f"{url}/v1/score", f"{url}/metrics")
         steps = asyncio.run(sweep(arms, targets, pool, args))
     finally:
+        if args.worker_log and workers:
+            args.worker_log.write_text(next(iter(workers.values())).tail(chars=1 << 24))
         for worker in workers.values():
             worker.close()
     all_steps = [s for arm in arms for s in steps[arm.name]]

@@ -65,6 +65,12 @@ def free_port() -> int:
 THREADS: int | None = None  # --threads: the same OMP/MKL thread count for every process under test
 
 
+def exit_on_sigterm() -> None:
+    """SIGTERM (a `timeout` ending a step of a GPU session) unwinds like an exception, so `finally` blocks stop the
+    servers this process started: they run in sessions of their own and would outlive it, holding the device."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+
+
 def set_threads(threads: int | None) -> None:
     global THREADS
     THREADS = threads

@@ -81,3 +81,22 @@ def view(before: Sample, after: Sample, wall_s: float) -> ServerView:
         tokens_per_s=delta("scorekeeper_prompt_tokens_total") / wall_s if wall_s else 0.0,
         graph_share=delta(runs, path="graph") / batches if batches else 0.0,
     )
+
+
+def _by_size(target: str) -> tuple[bool, int]:
+    """Token buckets by size, then named targets ("eager")."""
+    return (not target.isdigit(), int(target) if target.isdigit() else 0)
+
+
+def startup_note(sample: Sample) -> str:
+    """What the worker prepared before serving, from one scrape: the compiled targets with their compile seconds,
+    failed compiles and captures, and the graph buckets that serve (a load figure means little without it)."""
+    compiled = {dict(labels)["target"]: value for (name, labels), value in sample.items()
+                if name == "scorekeeper_compile_seconds"}
+    buckets = sorted({dict(labels)["bucket"] for (name, labels), _ in sample.items()
+                      if name == "scorekeeper_cuda_graph_runs_total" and dict(labels).get("path") == "graph"},
+                     key=_by_size)
+    return (f"graph buckets {', '.join(buckets) or 'none'}; compiled "
+            + (", ".join(f"{t} ({compiled[t]:.1f} s)" for t in sorted(compiled, key=_by_size)) or "nothing")
+            + f"; compile failures {_sum(sample, 'scorekeeper_compile_failures_total'):.0f}"
+            + f", capture failures {_sum(sample, 'scorekeeper_cuda_graph_capture_failures_total'):.0f}")

@@ -16,7 +16,7 @@ from scorekeeper_worker.base.metrics import WorkerMetrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
-from load_metrics import parse, view
+from load_metrics import parse, startup_note, view
 from load_runner import send_schedule
 from load_stats import (
     REJECTED,
@@ -187,6 +187,20 @@ def test_server_view_from_two_scrapes_of_the_real_metrics() -> None:
     assert server.graph_share == pytest.approx(0.75)  # 3 of 4 batches replayed a graph
     idle = view(before, before, wall_s=0.0)  # a step with no request
     assert (idle.model_busy, idle.tokenize_share, idle.gc_collections, idle.graph_share) == (0.0, 0.0, 0, 0.0)
+
+
+def test_startup_note_names_the_buckets_the_compiled_targets_and_the_failures() -> None:
+    metrics = WorkerMetrics()
+    assert startup_note(parse(generate_latest(metrics.registry).decode())) == \
+        "graph buckets none; compiled nothing; compile failures 0, capture failures 0"
+    for bucket in (8192, 2048, 4096):
+        metrics.graph_runs.labels("graph", str(bucket))
+    metrics.compile_seconds.labels("8192").set(31.25)
+    metrics.compile_seconds.labels("4096").set(12.0)
+    metrics.compile_failures.inc()
+    note = startup_note(parse(generate_latest(metrics.registry).decode()))
+    assert note == ("graph buckets 2048, 4096, 8192; compiled 4096 (12.0 s), 8192 (31.2 s); compile failures 1, "
+                    "capture failures 0")
 
 
 def test_preset_shapes_and_token_ratio() -> None:
