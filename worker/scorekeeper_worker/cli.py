@@ -18,7 +18,8 @@ from typing import Any, NoReturn, get_args
 import yaml
 from pydantic import ValidationError
 
-from scorekeeper_worker.base.config import WorkerConfig
+from scorekeeper_worker.base.config import Quantization, WorkerConfig
+from scorekeeper_worker.serving.startup import openmp_env  # no torch there
 
 PROG = "scorekeeper-worker"
 # oneDNN caches one compiled primitive per tensor shape, 1024 by default: with batches of every size that is memory
@@ -141,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--log-level", "logging level")
     add("--threads", "CPU threads for the model (torch intra-op; inter-op matches): auto = the smaller of the "
         "cgroup CPU quota and the CPU affinity mask, or a positive number")
+    add("--openmp-runtime", "OpenMP runtime of torch's CPU threads: intel = Intel's libiomp5 (pip install "
+        "intel-openmp) and TCMalloc where installed (not with --quantization int8), preloaded by re-executing the "
+        "worker once, with KMP_BLOCKTIME=5 unless the environment sets OpenMP's wait itself; gnu = torch's own "
+        "libgomp; auto = intel on CPU where libiomp5 is installed, else gnu (docs/operations.md)")
     add("--quantization", "int8: run the model quantized to int8 on CPU (encoder cross-encoders and embedding "
         "models), only after it passes an accuracy certificate against float32 (docs/operations.md)")
     add("--quantization-min-spearman", "certificate: refuse to become ready below this Spearman correlation of "
@@ -231,33 +236,15 @@ def bound_primitive_cache(environ: dict[str, str] | os._Environ[str] = os.enviro
         environ.setdefault(variable, str(capacity))
 
 
-# How OpenMP threads wait at a barrier, unless the environment says otherwise: read once when torch loads its OpenMP
-# runtime, so set before anything imports torch. On CPUs shared with other processes (the common case for CPU pods) a
-# spinning thread burns the time slice its descheduled sibling needs, so threads sleep at once (PASSIVE). On CPUs the
-# worker has to itself nothing else wants them, so a short spin (about a millisecond) catches the next operator's
-# start without a futex wake-up, and then sleeps: never ACTIVE, which spins forever and would take the cores from
-# the worker's own tokenizer and HTTP threads (docs/operations.md, docs/benchmarks.md).
-OPENMP_SHARED = {"OMP_WAIT_POLICY": "PASSIVE"}
-OPENMP_DEDICATED = {"GOMP_SPINCOUNT": "300000"}  # libgomp's own default spin, made explicit (not throttled)
-OPENMP_WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
-
-
-def openmp_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """The OpenMP wait settings for this process's CPUs, or none when the environment sets any of its own."""
-    if any(variable in environ for variable in OPENMP_WAIT_VARIABLES):
-        return {}
-    from scorekeeper_worker.serving.startup.cgroup_cpu import cpu_quota, dedicated_cpus  # no torch there
-
-    affinity = len(os.sched_getaffinity(0))
-    dedicated = dedicated_cpus(cpu_quota(), affinity, os.cpu_count() or affinity)
-    return dict(OPENMP_DEDICATED if dedicated else OPENMP_SHARED)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
-    os.environ.update(openmp_defaults())
-    argv = sys.argv[1:] if argv is None else argv
+    given, argv = argv, sys.argv[1:] if argv is None else argv
     try:
         config = parse_config(argv)
+        libiomp = openmp_env.find_libiomp()
+        try:
+            runtime = openmp_env.resolve_runtime(config.openmp_runtime, config.device, libiomp)
+        except openmp_env.RuntimeMissing as error:
+            raise ConfigError(str(error)) from None
         if config.api_key_file is not None:
             from scorekeeper_worker.api.middleware.auth import ApiKeys, KeyFileError
 
@@ -285,6 +272,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ConfigError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         sys.exit(2)  # argparse's status for a usage error
+    # Both before anything imports torch: the loader reads LD_PRELOAD at exec, libgomp its variables when it loads.
+    openmp_env.reexec(runtime, libiomp, given, tcmalloc=config.quantization == Quantization.NONE)
+    os.environ.update(openmp_env.openmp_defaults())
     bound_primitive_cache()
     from scorekeeper_worker.api.server import run  # heavy imports (torch) only when serving
 

@@ -179,13 +179,14 @@ def test_the_worker_logs_and_exports_its_threads(tiny_model: Callable[[str], Pat
     first = min(os.sched_getaffinity(0))
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    env.pop("OMP_WAIT_POLICY", None)
+    for variable in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "LD_PRELOAD"):
+        env.pop(variable, None)
     log = tmp_path / "worker.log"
     with log.open("w") as out:
         process = subprocess.Popen(
             [sys.executable, "-c", "import sys; from scorekeeper_worker.cli import main; main(sys.argv[1:])", "serve",
              "--model", str(tiny_model("bert-cross")), "--port", str(port), "--termination-log",
-             str(tmp_path / "termination")], stdout=out, stderr=subprocess.STDOUT, env=env,
+             str(tmp_path / "termination"), "--openmp-runtime", "gnu"], stdout=out, stderr=subprocess.STDOUT, env=env,
             preexec_fn=lambda: os.sched_setaffinity(0, {first}))
     try:
         url = f"http://127.0.0.1:{port}"
@@ -194,7 +195,7 @@ def test_the_worker_logs_and_exports_its_threads(tiny_model: Callable[[str], Pat
         assert "\nscorekeeper_cpu_threads 1.0\n" in metrics
         assert "CPU threads: 1 (auto:" in log.read_text()
         assert "1 CPUs in the affinity mask" in log.read_text()
-        assert "OMP_WAIT_POLICY=PASSIVE" in log.read_text()  # the CLI's default, set before torch loads OpenMP
+        assert "OpenMP runtime gnu: OMP_WAIT_POLICY=PASSIVE" in log.read_text()  # the CLI's libgomp default
     finally:
         process.terminate()
         process.wait(60)
@@ -215,14 +216,13 @@ def test_dedicated_cpus_are_an_exclusive_cpuset_as_large_as_the_quota(quota: flo
 
 def test_openmp_waits_passively_on_shared_cpus_and_spins_briefly_on_dedicated_ones(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from scorekeeper_worker import cli
-    from scorekeeper_worker.serving.startup import cgroup_cpu
+    from scorekeeper_worker.serving.startup import cgroup_cpu, openmp_env
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     monkeypatch.setattr(cgroup_cpu, "cpu_quota", lambda: 2.0)
-    assert cli.openmp_defaults({}) == cli.OPENMP_DEDICATED
+    assert openmp_env.openmp_defaults({}) == openmp_env.OPENMP_DEDICATED
     monkeypatch.setattr(cgroup_cpu, "cpu_quota", lambda: None)
-    assert cli.openmp_defaults({}) == cli.OPENMP_SHARED == {"OMP_WAIT_POLICY": "PASSIVE"}
-    assert cli.openmp_defaults({"OMP_WAIT_POLICY": "ACTIVE"}) == {}  # the environment's own setting wins
-    assert cli.openmp_defaults({"GOMP_SPINCOUNT": "0"}) == {}
+    assert openmp_env.openmp_defaults({}) == openmp_env.OPENMP_SHARED == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert openmp_env.openmp_defaults({"OMP_WAIT_POLICY": "ACTIVE"}) == {}  # the environment's own setting wins
+    assert openmp_env.openmp_defaults({"GOMP_SPINCOUNT": "0"}) == {}

@@ -52,6 +52,12 @@ class Quantization(StrEnum):
     INT8 = "int8"
 
 
+class OpenMPRuntime(StrEnum):
+    AUTO = "auto"  # intel on CPU where libiomp5 is installed, else gnu
+    INTEL = "intel"  # Intel's libiomp5, preloaded by re-executing (serving/startup/openmp_env.py)
+    GNU = "gnu"  # libgomp, which torch links
+
+
 class WorkerConfig(BaseModel):
     """Everything `scorekeeper-worker serve` accepts; field names are the flag names with `_` for `-`."""
 
@@ -96,6 +102,7 @@ class WorkerConfig(BaseModel):
     termination_log: Path = Path("/dev/termination-log")
     log_level: LogLevel = LogLevel.INFO
     threads: int | Literal["auto"] = "auto"
+    openmp_runtime: OpenMPRuntime = OpenMPRuntime.AUTO
     quantization: Quantization = Quantization.NONE
     quantization_min_spearman: float = Field(0.99, ge=-1, le=1)
     quantization_max_score_delta: float | None = Field(None, gt=0)

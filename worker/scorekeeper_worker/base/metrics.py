@@ -106,6 +106,9 @@ class WorkerMetrics:
         self.cpu_dedicated = Gauge("scorekeeper_cpu_dedicated", "1 when the worker's CPUs are its own (an exclusive "
                                    "cpuset as large as its CPU quota: Guaranteed QoS, static CPU manager), 0 when "
                                    "shared with other processes; OpenMP's wait policy follows it", registry=r)
+        self.openmp_runtime = Gauge("scorekeeper_openmp_runtime", "1 for the OpenMP runtime torch's CPU threads run "
+                                    "on (--openmp-runtime): intel (libiomp5 preloaded), gnu (libgomp) or unknown",
+                                    ["runtime"], registry=r)
         self.int8_max_score_delta = Gauge("scorekeeper_int8_max_score_delta", "int8 accuracy certificate: largest "
                                           "|int8 - float32| score on the fixed probe set", registry=r)
         self.int8_spearman = Gauge("scorekeeper_int8_spearman", "int8 accuracy certificate: Spearman correlation of "

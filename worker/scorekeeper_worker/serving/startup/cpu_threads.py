@@ -7,7 +7,8 @@ then waits for its slowest, throttled thread.
 
 Whether the CPUs are the process's own (a Guaranteed pod's exclusive cpuset under the static CPU manager) or shared
 with other processes (`cgroup_cpu.dedicated_cpus`) decides how OpenMP threads wait: the command line sets that before
-torch loads (cli.openmp_defaults); it is logged here and exported as `scorekeeper_cpu_dedicated`."""
+torch loads (openmp_env.openmp_defaults); it is logged here and exported as `scorekeeper_cpu_dedicated`. So is the
+OpenMP runtime torch really runs on (`--openmp-runtime`: openmp_env.loaded_runtime), as `scorekeeper_openmp_runtime`."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def resolve(setting: int | Literal["auto"], quota: Callable[[], float | None] = 
     return CpuThreads(max(1, threads), limit, cpus, f"auto: {described}", dedicated)
 
 
-def apply(choice: CpuThreads) -> None:
+def apply(choice: CpuThreads, runtime: str = "unknown") -> None:
     """Torch's intra-op threads, and inter-op threads to match. Call before the model loads: each thread reads the
     intra-op count at its first parallel region, and the inter-op pool can be sized only before it starts (a second
     server in the same process keeps the first one's inter-op pool)."""
@@ -60,6 +61,7 @@ def apply(choice: CpuThreads) -> None:
             torch.set_num_interop_threads(choice.threads)
         except RuntimeError as error:  # already started (or already set) in this process
             log.warning("inter-op threads stay at %d: %s", torch.get_num_interop_threads(), error)
-    log.info("CPU threads: %d (%s); torch intra-op %d, inter-op %d; OMP_WAIT_POLICY=%s GOMP_SPINCOUNT=%s",
-             choice.threads, choice.reason, torch.get_num_threads(), torch.get_num_interop_threads(),
-             os.environ.get("OMP_WAIT_POLICY", "(unset)"), os.environ.get("GOMP_SPINCOUNT", "(unset)"))
+    log.info("CPU threads: %d (%s); torch intra-op %d, inter-op %d; OpenMP runtime %s: OMP_WAIT_POLICY=%s "
+             "GOMP_SPINCOUNT=%s KMP_BLOCKTIME=%s", choice.threads, choice.reason, torch.get_num_threads(),
+             torch.get_num_interop_threads(), runtime, *(os.environ.get(variable, "(unset)") for variable in (
+                 "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")))

@@ -23,7 +23,14 @@ from scorekeeper_worker.model.templates.decision_template import DecisionTemplat
 from scorekeeper_worker.model.templates.prompt_template import load_template, resolve_label_tokens
 from scorekeeper_worker.model.trunk_patches import fuse_linears
 from scorekeeper_worker.serving.service import Served
-from scorekeeper_worker.serving.startup import cpu_memory, cpu_threads, decision_selfcheck, quantization, selfcheck
+from scorekeeper_worker.serving.startup import (
+    cpu_memory,
+    cpu_threads,
+    decision_selfcheck,
+    openmp_env,
+    quantization,
+    selfcheck,
+)
 from scorekeeper_worker.serving.startup.gc_pauses import freeze_after_load
 
 log = logging.getLogger(__name__)
@@ -33,9 +40,11 @@ def load(config: WorkerConfig, metrics: WorkerMetrics) -> Served:
     """The model proven against transformers (self-check), with its model thread started."""
     started = time.perf_counter()
     threads = cpu_threads.resolve(config.threads)
-    cpu_threads.apply(threads)  # before any parallel work: loading is the first
+    runtime = openmp_env.loaded_runtime()  # torch has bound its OpenMP calls on import
+    cpu_threads.apply(threads, runtime)  # before any parallel work: loading is the first
     metrics.cpu_threads.set(threads.threads)
     metrics.cpu_dedicated.set(threads.dedicated)
+    metrics.openmp_runtime.labels(runtime).set(1)
     if config.device == Device.CPU:
         cpu_memory.keep_freed_memory()
     # int8 is quantized from, and certified against, the float32 weights.
