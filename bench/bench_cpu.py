@@ -43,11 +43,11 @@ CROSS_ENCODER_DIR = REPO / ".cache" / "models" / "minilm-cross-encoder"
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
 IN_PROCESS = {"rerank": {"st": "st-cross", "hf": "hf-cross"}, "embed": {"st": "st", "hf": "hf"}}
 LABELS = {"scorekeeper": "scorekeeper float32 (HTTP)", "scorekeeper-int8": "scorekeeper int8 (HTTP)",
-          "scorekeeper-iomp": "scorekeeper float32, Intel OpenMP + tcmalloc (HTTP)",
+          "scorekeeper-gnu": "scorekeeper float32, libgomp (--openmp-runtime gnu) (HTTP)",
           "vllm": "vLLM CPU (HTTP)", "vllm-bind-all": "vLLM CPU, compute on every core (HTTP)",
           "infinity": "Infinity (HTTP)", "st": "sentence-transformers (in-process)",
           "hf": "transformers padded, batch 32 (in-process)"}
-OURS = ("scorekeeper", "scorekeeper-int8", "scorekeeper-iomp")
+OURS = ("scorekeeper", "scorekeeper-int8", "scorekeeper-gnu")
 
 
 def cross_encoder_dir() -> Path:
@@ -73,9 +73,8 @@ def cpu_description() -> tuple[str, list[str]]:
 
 def start(system: str, task: str, model: Path, threads: int, cpus: set[int]) -> Any:
     if system in OURS:
-        extra = ["--quantization", "int8"] if system == "scorekeeper-int8" else []
-        return http_servers.scorekeeper(system, model, threads, cpus, extra,
-                                        http_servers.INTEL_OPENMP if system == "scorekeeper-iomp" else None)
+        extra = {"scorekeeper-int8": ["--quantization", "int8"], "scorekeeper-gnu": ["--openmp-runtime", "gnu"]}
+        return http_servers.scorekeeper(system, model, threads, cpus, extra.get(system, []))
     if system.startswith("vllm"):
         return http_servers.vllm(model, cpus, "auto" if system == "vllm" else f"{min(cpus)}-{max(cpus)}")
     if system == "infinity":

@@ -19,9 +19,6 @@ VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 # vLLM's CPU performance tips: TCMalloc and Intel OpenMP preloaded (Debian's libtcmalloc-minimal4; intel-openmp's
 # wheel puts libiomp5.so in the venv's lib/).
 VLLM_PRELOAD = (Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"), REPO / ".venv-vllm" / "lib" / "libiomp5.so")
-# The worker with vLLM's OpenMP runtime and settings (the `scorekeeper-iomp` arm; docs/benchmarks.md "Peers as their
-# documentation recommends"): the worker leaves OpenMP alone when KMP_BLOCKTIME is set.
-INTEL_OPENMP = {"LD_PRELOAD": ":".join(map(str, VLLM_PRELOAD)), "KMP_BLOCKTIME": "5", "KMP_TPAUSE": "0"}
 INFINITY = REPO / ".venv-bench" / "bin" / "infinity_emb"
 
 
