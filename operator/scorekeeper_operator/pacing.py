@@ -13,8 +13,9 @@ SCOREKEEPER_MAX_CONCURRENT_UPGRADES slots:
   may want. A model that has failed for want of room (its new pods unplaceable past their scheduling deadline)
   frees its slot too. A model whose new pods fail (crash, load, image) keeps it, so a broken upgrade stops the wave
   after that many models; every waiting model names the models that hold the slots, and why (`wait_note`);
-- a freed slot (a rollout completed, a model deleted: both are Deployment watch events) goes to the model that has
-  waited longest, and to no other, so a wave costs one pass per model, not one per model per completed rollout.
+- a freed slot (a rollout completed, a model deleted: both are Deployment watch events) wakes the model that has
+  waited longest, and goes to it and to no other, whichever waiting model's pass comes first: the others get a pass
+  only to name the new holder (a status write), never a rollout.
 
 A spec change rolls its model at once: it is the user's request for that model, and it takes any waiting change
 along (one rollout, not two). Slots are counted from the watched Deployments (their paced-rollout annotation) and the
@@ -130,16 +131,26 @@ class Pacer:
         return f"waiting for one of {self.max_concurrent} rollout slots (SCOREKEEPER_MAX_CONCURRENT_UPGRADES): {why}"
 
     def decide(self, key: Key, generation: int, live: dict[str, Any] | None, config_hash: str) -> Decision:
-        """Synchronous, so that two passes cannot both take the last slot (no await between count and claim)."""
+        """Synchronous, so that two passes cannot both take the last slot (no await between count and claim).
+
+        A free slot goes to the longest-waiting model whichever pass reaches it first: the other waiting models get
+        passes at that moment too (the holder they name changed), and one of them must not take it."""
         if not operator_caused(live, generation, config_hash):
             self.waiting.pop(key, None)
             return Decision()
-        if len(self.busy() - {key}) < self.max_concurrent:
+        queue = list(self.waiting)
+        ahead = queue.index(key) if key in self.waiting else len(queue)
+        if ahead < self.max_concurrent - len(self.busy() - {key}):
             self.waiting.pop(key, None)
             self._reserved.add(key)
             return Decision(paced=True)
         self.waiting.setdefault(key)
         return Decision(hold=True)
+
+    def withdraw(self, key: Key) -> None:
+        """Its pass ended before deciding (an invalid spec, a refusal): it waits for no slot, so it must not keep the
+        models behind it from one. A later pass that decides queues it again."""
+        self.waiting.pop(key, None)
 
     def settle(self, key: Key) -> None:
         """The paced apply is done (the cache holds its result) or failed: the reservation has served."""

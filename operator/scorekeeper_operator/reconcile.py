@@ -180,6 +180,8 @@ class Reconciler:
             rendered = render(model, self.settings, service_monitor_api=monitor_api, keda_api=keda_api)
             converged = await children.converge(model, rendered, report.wrote)
             error = converged.error
+        if converged.held is None:  # it took a slot, needed none, or never got to the decision: it waits no more
+            self.pacer.withdraw(key)
         pending: dict[str, str | None] = {}
         shown = rendered
         if rendered is not None and converged.held is not None:  # waiting: the status shows what runs

@@ -35,6 +35,12 @@ def upgrading(cluster: Cluster) -> list[str]:
             and not progressed(cluster.get("deployments", NAMESPACE, n) or {})]
 
 
+def slot_wait(cluster: Cluster, name: str) -> str:
+    """What a waiting model says about the rollout slots: its UpgradePending message."""
+    found = next((c for c in status_of(cluster, name).get("conditions", []) if c["type"] == "UpgradePending"), {})
+    return str(found.get("message", ""))
+
+
 def templates(cluster: Cluster, name: str) -> list[str]:
     """The pod templates (config hashes) the Deployment went through, in order: each change is one rollout."""
     seen: list[str] = []
@@ -149,7 +155,8 @@ async def test_pods_rendered_differently_roll_one_model_at_a_time_and_each_once(
 @pytest.mark.timeout(400)
 async def test_a_freed_slot_wakes_the_longest_waiting_model_and_no_other(cluster: Cluster) -> None:
     """The release of waiting upgrades: a completed rollout lets the next model go at once (no polling: with it
-    removed, nothing would wake a waiting model before the resync), and only as many as there are free slots."""
+    removed, nothing would wake a waiting model before the resync), and only as many as there are free slots. The
+    model that still waits gets passes only to name the new holder (UpgradePending): a status write, no rollout."""
     async with running_operator(cluster, env={"SCOREKEEPER_WORKER_IMAGE": OLD}):
         await serving(cluster, *MODELS)
     async with running_operator(cluster, env={"SCOREKEEPER_WORKER_IMAGE": NEW}):
@@ -157,13 +164,19 @@ async def test_a_freed_slot_wakes_the_longest_waiting_model_and_no_other(cluster
         (moving,) = upgrading(cluster)
         waiting = [name for _, name in cluster.memo.reconciler.pacer.waiting]  # type: ignore[union-attr]
         assert sorted(waiting) == sorted(n for n in MODELS if n != moving)  # longest-waiting first
+        woken, still = waiting
         before = len(cluster.passes)
         await set_deployment_status(cluster, ready=1, model=moving)
         await cluster.wait_for(lambda: sum(image_of(cluster, n) == NEW for n in MODELS) == 2, timeout=WAIT,
                                what="the next model upgrading")
-        woken, still = waiting
         assert image_of(cluster, woken) == NEW and image_of(cluster, still) == OLD
-        assert not [p for p in cluster.passes[before:] if p.key == (NAMESPACE, still)]  # never woken for nothing
+        # The passes that rename the holder on `still` run after the slot went: read its passes once its status
+        # names the new holder and a pass started after that has finished, not while they may still be running.
+        await cluster.wait_for(lambda: f"{NAMESPACE}/{woken} holds one" in slot_wait(cluster, still), timeout=WAIT,
+                               what=f"{still} naming {woken} as the holder")
+        await looked_again(cluster)
+        renamed = [p.wrote for p in cluster.passes[before:] if p.key == (NAMESPACE, still)]
+        assert ["status"] in renamed and all(set(wrote) <= {"status"} for wrote in renamed)  # never woken to roll
         await cluster.delete("scoringmodels", NAMESPACE, woken)  # a deleted model frees its slot too
         await cluster.wait_for(lambda: image_of(cluster, still) == NEW, timeout=WAIT, what="the last model")
 
@@ -213,6 +226,21 @@ def test_slots_come_from_the_cache_and_from_decisions_not_yet_visible_there() ->
     assert list(pacer.waiting) == [(NAMESPACE, "b")] and pacer.next_up() == []
     pacer.settle((NAMESPACE, "a"))  # its apply failed (the cache shows no paced rollout for it): the slot is free
     assert pacer.next_up() == [(NAMESPACE, "b")]
+
+
+def test_a_free_slot_goes_to_the_longest_waiting_model_whichever_pass_comes_first() -> None:
+    cache = WatchCache()
+    pacer = Pacer(1, cache)
+    cache.put("deployments", _deployment("h1", paced="h1", ready=0, name="busy"))
+    for name in ("first", "second"):
+        assert pacer.decide((NAMESPACE, name), 2, _deployment("old", name=name), "new") == Decision(hold=True)
+    cache.put("deployments", _deployment("h1", paced="h1", ready=1, name="busy"))  # its rollout progressed
+    for name in ("second", "late"):  # a pass for another reason (the holder it names changed, a pod event)
+        assert pacer.decide((NAMESPACE, name), 2, _deployment("old", name=name), "new") == Decision(hold=True)
+    assert pacer.next_up() == [(NAMESPACE, "first")]
+    pacer.withdraw((NAMESPACE, "first"))  # its pass stopped at an error: it no longer keeps the others waiting
+    assert pacer.decide((NAMESPACE, "second"), 2, _deployment("old", name="second"), "new") == Decision(paced=True)
+    assert list(pacer.waiting) == [(NAMESPACE, "late")]
 
 
 def test_progress_needs_the_new_generation_observed_and_new_pods_ready() -> None:
