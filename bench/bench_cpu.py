@@ -44,10 +44,12 @@ ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16",
 IN_PROCESS = {"rerank": {"st": "st-cross", "hf": "hf-cross"}, "embed": {"st": "st", "hf": "hf"}}
 LABELS = {"scorekeeper": "scorekeeper float32 (HTTP)", "scorekeeper-int8": "scorekeeper int8 (HTTP)",
           "scorekeeper-gnu": "scorekeeper float32, libgomp (--openmp-runtime gnu) (HTTP)",
+          "scorekeeper-blocktime0": "scorekeeper float32, KMP_BLOCKTIME=0 (HTTP)",
+          "scorekeeper-blocktime1": "scorekeeper float32, KMP_BLOCKTIME=1 (HTTP)",
           "vllm": "vLLM CPU (HTTP)", "vllm-bind-all": "vLLM CPU, compute on every core (HTTP)",
           "infinity": "Infinity (HTTP)", "st": "sentence-transformers (in-process)",
           "hf": "transformers padded, batch 32 (in-process)"}
-OURS = ("scorekeeper", "scorekeeper-int8", "scorekeeper-gnu")
+OURS = ("scorekeeper", "scorekeeper-int8", "scorekeeper-gnu", "scorekeeper-blocktime0", "scorekeeper-blocktime1")
 
 
 def cross_encoder_dir() -> Path:
@@ -74,7 +76,9 @@ def cpu_description() -> tuple[str, list[str]]:
 def start(system: str, task: str, model: Path, threads: int, cpus: set[int]) -> Any:
     if system in OURS:
         extra = {"scorekeeper-int8": ["--quantization", "int8"], "scorekeeper-gnu": ["--openmp-runtime", "gnu"]}
-        return http_servers.scorekeeper(system, model, threads, cpus, extra.get(system, []))
+        blocktime = system.removeprefix("scorekeeper-blocktime") if "blocktime" in system else None
+        return http_servers.scorekeeper(system, model, threads, cpus, extra.get(system, []),
+                                        {"KMP_BLOCKTIME": blocktime, "KMP_TPAUSE": "0"} if blocktime else None)
     if system.startswith("vllm"):
         return http_servers.vllm(model, cpus, "auto" if system == "vllm" else f"{min(cpus)}-{max(cpus)}")
     if system == "infinity":

@@ -28,13 +28,21 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import log, machine_note, markdown_table
+from scorekeeper_worker.base.config import OpenMPRuntime
 from scorekeeper_worker.cli import CACHE_BOUNDS
+from scorekeeper_worker.serving.startup import openmp_env
 
 ISA_ENV = {"native": {}, "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
                                   "ATEN_CPU_CAPABILITY": "avx2"}}
+# What `--openmp-runtime auto` preloads where intel-openmp is installed: libiomp5 and TCMalloc (whose RSS behaviour is
+# its own: glibc's heap columns then read only what glibc still serves), with Intel's wait settings.
+INTEL = {k: v for k, v in (openmp_env.reexec_env(OpenMPRuntime.INTEL, {}, openmp_env.find_libiomp(),
+                                                  openmp_env.find_tcmalloc()) or {}).items()
+         if k != openmp_env.REEXEC_MARKER}
 # configuration → (environment, use the worker's mallopt thresholds)
 CONFIGS: dict[str, tuple[dict[str, str], bool]] = {
-    "worker": ({}, True),  # what `scorekeeper-worker serve` sets (the cache bounds: cli.CACHE_BOUNDS)
+    "worker": ({}, True),  # what `scorekeeper-worker serve --openmp-runtime gnu` sets (cache bounds: cli.CACHE_BOUNDS)
+    "worker-intel": (INTEL, True),  # the default where intel-openmp is installed
     "ideep-1024": ({"LRU_CACHE_CAPACITY": "1024"}, True),  # ideep's own default (the worker before issue 37)
     "unbounded-cache": ({"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024", "LRU_CACHE_CAPACITY": "1024"}, True),
     "no-primitive-cache": ({"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"}, True),
@@ -125,8 +133,9 @@ def main() -> None:
     rows = []
     for isa in args.isa.split(","):
         for config in args.configs.split(","):
-            env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", **{k: str(v) for k, v in CACHE_BOUNDS.items()},
-                   **ISA_ENV[isa], **CONFIGS[config][0]}
+            wait = {} if "KMP_BLOCKTIME" in CONFIGS[config][0] else {"OMP_WAIT_POLICY": "PASSIVE"}
+            env = {**os.environ, **wait, **{k: str(v) for k, v in CACHE_BOUNDS.items()}, **ISA_ENV[isa],
+                   **CONFIGS[config][0]}
             log(f"{isa} {config}: {args.requests} requests after {args.warmup}")
             out = subprocess.run([sys.executable, __file__, "--child", config, *sys.argv[1:]], env=env, check=True,
                                  stdout=subprocess.PIPE, text=True).stdout

@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cgroup CPU quota and the CPU affinity mask, or a positive number")
     add("--openmp-runtime", "OpenMP runtime of torch's CPU threads: intel = Intel's libiomp5 (pip install "
         "intel-openmp) and TCMalloc where installed (not with --quantization int8), preloaded by re-executing the "
-        "worker once, with KMP_BLOCKTIME=5 unless the environment sets OpenMP's wait itself; gnu = torch's own "
+        "worker once, with KMP_BLOCKTIME=1 unless the environment sets OpenMP's wait itself; gnu = torch's own "
         "libgomp; auto = intel on CPU where libiomp5 is installed, else gnu (docs/operations.md)")
     add("--quantization", "int8: run the model quantized to int8 on CPU (encoder cross-encoders and embedding "
         "models), only after it passes an accuracy certificate against float32 (docs/operations.md)")

@@ -83,10 +83,10 @@ def test_the_worker_runs_on_intel_openmp_and_scores_as_on_libgomp(tiny_model: Ca
         assert "libiomp5.so" in maps  # preloaded into the same process (exec keeps the pid)
         tcmalloc = find_tcmalloc()
         assert tcmalloc is None or Path(tcmalloc).name in maps  # optional, preloaded with it where installed
-        assert f"{REEXEC_MARKER}=intel".encode() in environ and b"KMP_BLOCKTIME=5" in environ
+        assert f"{REEXEC_MARKER}=intel".encode() in environ and b"KMP_BLOCKTIME=1" in environ
         assert _runtime_series(url) == ['scorekeeper_openmp_runtime{runtime="intel"} 1.0']
         intel = _scores(url)
-    assert "OpenMP runtime intel: OMP_WAIT_POLICY=(unset) GOMP_SPINCOUNT=(unset) KMP_BLOCKTIME=5" in \
+    assert "OpenMP runtime intel: OMP_WAIT_POLICY=(unset) GOMP_SPINCOUNT=(unset) KMP_BLOCKTIME=1" in \
         intel_log.read_text()
     with _worker(model, libiomp5, gnu_log, "--openmp-runtime", "gnu") as (process, url):
         assert "libiomp5" not in Path(f"/proc/{process.pid}/maps").read_text()

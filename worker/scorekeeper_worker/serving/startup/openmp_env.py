@@ -4,10 +4,11 @@ torch loads (`--openmp-runtime auto|intel|gnu`), and read back once it has.
 libgomp, which torch links, offers two ways to wait, and each loses one case: a spin (`GOMP_SPINCOUNT`) collapses
 beside an equal-share neighbour, sleeping at once (`OMP_WAIT_POLICY=PASSIVE`) gives up speed under light load. Intel's
 runtime (libiomp5, pip's `intel-openmp`, which puts it in the environment's lib/) spins for a bounded time
-(`KMP_BLOCKTIME=5`: 5 ms) and then sleeps: with TCMalloc beside it, up to 1.37× faster than libgomp passive under
-light load and 7 % slower beside an equal-share stress (docs/benchmarks.md). Torch binds OpenMP symbols to whichever
-library comes first, so Intel's runtime has to be preloaded, and the dynamic loader reads LD_PRELOAD only when a
-program starts: the command line re-executes itself once with it, as vLLM's launcher does. No torch here."""
+(`KMP_BLOCKTIME=1`: 1 ms) and then sleeps: with TCMalloc beside it, 1.26–1.55× faster than libgomp passive on
+quiet CPUs, and within the noise of it beside an equal-share stress (docs/benchmarks.md). Torch binds OpenMP symbols
+to whichever library comes first, so Intel's runtime has to be preloaded, and the dynamic loader reads LD_PRELOAD
+only when a program starts: the command line re-executes itself once with it, as vLLM's launcher does. No torch
+here."""
 
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ TCMALLOC_DIRS = (Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib64"), Path("/u
 # Set in the re-executed process so that it never re-executes again. Not SCOREKEEPER_OPENMP_RUNTIME: that variable
 # is the setting itself (cli reads SCOREKEEPER_<FLAG>).
 REEXEC_MARKER = "SCOREKEEPER_OPENMP_PRELOADED"
-# Intel's wait: spin 5 ms, then sleep; KMP_TPAUSE=0 as vLLM sets it (the measured configuration).
-INTEL_WAIT = {"KMP_BLOCKTIME": "5", "KMP_TPAUSE": "0"}
+# Intel's wait: spin 1 ms, then sleep (as fast as 5 ms on quiet CPUs, and no slower beside an equal share: measured);
+# KMP_TPAUSE=0 as vLLM sets it.
+INTEL_WAIT = {"KMP_BLOCKTIME": "1", "KMP_TPAUSE": "0"}
 # libgomp's wait, unless the environment says otherwise (read when torch loads libgomp). On CPUs shared with other
 # processes (the common case for CPU pods) a spinning thread burns the time slice its descheduled sibling needs, so
 # threads sleep at once (PASSIVE). On CPUs the worker has to itself a short spin (about a millisecond) catches the next
