@@ -99,11 +99,17 @@ class WatchCache:
         return [self._objects[plural, namespace, name] for name in names]
 
     def replace_instance(self, plural: str, namespace: str, instance: str, fresh: Iterable[dict[str, Any]]) -> None:
-        """A fresh LIST of this model's objects of a kind: what it did not return is gone."""
+        """A fresh LIST of this model's objects of a kind: what it did not return is gone, and what it returned
+        replaces the cached object unless a watch event brought a newer version while the LIST was answered."""
+        listed = list(fresh)
+        names = {obj["metadata"]["name"] for obj in listed}
         for name in list(self._instances.get((plural, namespace, instance), ())):
-            self._drop((plural, namespace, name))
-        for obj in fresh:
-            self._store(_key(plural, obj), obj)
+            if name not in names:
+                self._drop((plural, namespace, name))
+        for obj in listed:
+            key = _key(plural, obj)
+            if self._newer(key, obj):
+                self._store(key, obj)
 
     def all(self, plural: str) -> list[dict[str, Any]]:
         return [obj for (kind, _, _), obj in self._objects.items() if kind == plural]

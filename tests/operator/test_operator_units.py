@@ -136,3 +136,15 @@ def test_the_watch_cache_keeps_the_newest_version_and_no_ghosts() -> None:
     assert cache.of_instance("pods", "ml", "m") == []
     cache.forget_instance("ml", "other")
     assert cache.all("pods") == [cache.get("pods", "ml", "d")]
+
+
+def test_a_list_answered_after_a_newer_watch_event_does_not_bring_back_the_older_object() -> None:
+    """A pass LISTs a model's pods while the pod's status is patched: the watch event (version 8, Pending) lands in
+    the cache before the LIST's answer (version 7, no status). Replaced blindly, the cache held the stale pod until
+    the next resync and no pass looked at the pending pod's Events (seen in CI under load)."""
+    cache = WatchCache()
+    cache.put("pods", _object("p", 8, status={"phase": "Pending"}))
+    cache.replace_instance("pods", "ml", "m", [_object("p", 7)])
+    assert cache.get("pods", "ml", "p")["status"] == {"phase": "Pending"}  # type: ignore[index]
+    cache.replace_instance("pods", "ml", "m", [_object("p", 9, status={"phase": "Running"})])
+    assert cache.get("pods", "ml", "p")["status"] == {"phase": "Running"}  # type: ignore[index]
