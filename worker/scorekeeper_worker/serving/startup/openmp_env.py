@@ -50,7 +50,7 @@ def openmp_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     preloaded already (by hand; it reads them at its first parallel region); else libgomp's for its CPUs."""
     if any(variable in environ for variable in OPENMP_WAIT_VARIABLES):
         return {}
-    if LIBIOMP in {Path(entry).name for entry in _preloads(environ)}:
+    if LIBIOMP in _preloaded_names(environ):
         return {k: v for k, v in INTEL_WAIT.items() if k not in environ}
     from scorekeeper_worker.serving.startup.cgroup_cpu import cpu_quota, dedicated_cpus
 
@@ -99,14 +99,17 @@ def _preloads(environ: Mapping[str, str]) -> list[str]:
     return [entry for entry in environ.get("LD_PRELOAD", "").replace(" ", ":").split(":") if entry]
 
 
+def _preloaded_names(environ: Mapping[str, str]) -> set[str]:
+    return {Path(entry).name for entry in _preloads(environ)}
+
+
 def reexec_env(runtime: OpenMPRuntime, environ: Mapping[str, str], libiomp: Path | None,
                tcmalloc: str | None) -> dict[str, str] | None:
     """The environment to re-execute with so that Intel's runtime (and TCMalloc, where found) is preloaded, or None:
     libgomp, already re-executed, or libiomp5 preloaded by hand (LD_PRELOAD, as the benchmarks do)."""
     if runtime != OpenMPRuntime.INTEL or libiomp is None or REEXEC_MARKER in environ:
         return None
-    preloads = _preloads(environ)
-    names = {Path(entry).name for entry in preloads}
+    preloads, names = _preloads(environ), _preloaded_names(environ)
     if LIBIOMP in names:
         return None
     ours = [library for library in (tcmalloc, str(libiomp)) if library is not None and Path(library).name not in names]
