@@ -37,9 +37,14 @@ def test_reused_blocks_fault_less_than_with_the_defaults() -> None:
                                   check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout)
 
     pages = 3 * 4 * sum([2, 12, 6, 24, 4, 16]) * (1 << 20) // os.sysconf("SC_PAGE_SIZE")  # touched in 18 rounds
-    default, tuned = faults("default"), faults("tuned")
-    assert default > pages // 10  # glibc's defaults fault a share of them in again, round after round
-    assert tuned * 3 < default
+    tuned = faults("tuned")
+    assert tuned < pages // 10, (tuned, pages)  # the blocks come back from the heap, round after round
+    # glibc's defaults fault a share of them in again where its adaptive thresholds keep being crossed (here: 4 to 5
+    # times the pages); a CI machine measured as few faults with the defaults as tuned (other kernel or glibc), so
+    # the comparison is asserted only where the defaults do fault.
+    default = faults("default")
+    if default > pages // 10:
+        assert tuned * 3 < default, (tuned, default)
 
 
 MIXED_SHAPES = """
