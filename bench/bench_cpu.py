@@ -46,10 +46,12 @@ LABELS = {"scorekeeper": "scorekeeper float32 (HTTP)", "scorekeeper-int8": "scor
           "scorekeeper-gnu": "scorekeeper float32, libgomp (--openmp-runtime gnu) (HTTP)",
           "scorekeeper-blocktime0": "scorekeeper float32, KMP_BLOCKTIME=0 (HTTP)",
           "scorekeeper-blocktime1": "scorekeeper float32, KMP_BLOCKTIME=1 (HTTP)",
+          "scorekeeper-threads1": "scorekeeper float32, one thread (--threads 1) (HTTP)",
           "vllm": "vLLM CPU (HTTP)", "vllm-bind-all": "vLLM CPU, compute on every core (HTTP)",
           "infinity": "Infinity (HTTP)", "st": "sentence-transformers (in-process)",
           "hf": "transformers padded, batch 32 (in-process)"}
-OURS = ("scorekeeper", "scorekeeper-int8", "scorekeeper-gnu", "scorekeeper-blocktime0", "scorekeeper-blocktime1")
+OURS = ("scorekeeper", "scorekeeper-int8", "scorekeeper-gnu", "scorekeeper-blocktime0", "scorekeeper-blocktime1",
+        "scorekeeper-threads1")
 
 
 def cross_encoder_dir() -> Path:
@@ -77,7 +79,8 @@ def start(system: str, task: str, model: Path, threads: int, cpus: set[int]) -> 
     if system in OURS:
         extra = {"scorekeeper-int8": ["--quantization", "int8"], "scorekeeper-gnu": ["--openmp-runtime", "gnu"]}
         blocktime = system.removeprefix("scorekeeper-blocktime") if "blocktime" in system else None
-        return http_servers.scorekeeper(system, model, threads, cpus, extra.get(system, []),
+        own_threads = 1 if system == "scorekeeper-threads1" else threads
+        return http_servers.scorekeeper(system, model, own_threads, cpus, extra.get(system, []),
                                         {"KMP_BLOCKTIME": blocktime, "KMP_TPAUSE": "0"} if blocktime else None)
     if system.startswith("vllm"):
         return http_servers.vllm(model, cpus, "auto" if system == "vllm" else f"{min(cpus)}-{max(cpus)}")

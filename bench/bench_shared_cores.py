@@ -1,5 +1,6 @@
 """The worker's CPU engine when other processes share its cores (issue 37): OpenMP wait policy and spin time, one
-thread against two, pinning, and two single-threaded requests at once (inter-request) against one two-threaded one.
+thread against two, pinning, and two single-threaded requests at once (inter-request) against one two-threaded one;
+libgomp arms, and `intel-N` arms: Intel's OpenMP and TCMalloc preloaded as the worker ships them, N threads.
 
 Each arm is a child process that loads the model as the worker does (all-MiniLM-L6-v2 embeddings, float32, fused
 oneDNN linears, its allocator thresholds and primitive-cache bound) with the arm's OpenMP environment, then scores
@@ -14,6 +15,7 @@ spinning arm cannot burn CPU while another is timed. Conditions:
 
     PYTHONPATH=worker:bench python bench/bench_shared_cores.py --rounds 7
     PYTHONPATH=worker:bench python bench/bench_shared_cores.py --arms passive-2,passive-1 --conditions quiet,neighbours
+    PYTHONPATH=worker:bench python bench/bench_shared_cores.py --arms intel-2,intel-1,intel-4 --mix long
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import background_load, log, machine_note, markdown_table, median
 from scorekeeper_worker.cli import CACHE_BOUNDS
+from scorekeeper_worker.serving.startup import openmp_env
 
 # arm → (OpenMP environment, intra-op threads, concurrent single-threaded halves of the request)
 ARMS: dict[str, tuple[dict[str, str], int, int]] = {
@@ -43,6 +46,11 @@ ARMS: dict[str, tuple[dict[str, str], int, int]] = {
     "passive-2-pinned": ({"OMP_WAIT_POLICY": "PASSIVE", "OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}, 2, 1),
     "passive-1": ({"OMP_WAIT_POLICY": "PASSIVE"}, 1, 1),
     "inter-2x1": ({"OMP_WAIT_POLICY": "PASSIVE"}, 1, 2),  # two halves at once, one thread each
+    # Intel's OpenMP with TCMalloc, preloaded as the worker ships (--openmp-runtime auto): 2, 1 and 4 threads (4 on
+    # 2 cores: a pod whose thread count is larger than the cores it really gets)
+    "intel-2": ({"KMP_BLOCKTIME": "1", "KMP_TPAUSE": "0"}, 2, 1),
+    "intel-1": ({"KMP_BLOCKTIME": "1", "KMP_TPAUSE": "0"}, 1, 1),
+    "intel-4": ({"KMP_BLOCKTIME": "1", "KMP_TPAUSE": "0"}, 4, 1),
 }
 OPENMP_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_PROC_BIND", "OMP_PLACES", "KMP_BLOCKTIME")
 
@@ -94,6 +102,11 @@ class Arm:
     def __init__(self, name: str, argv: list[str]) -> None:
         env = {k: v for k, v in os.environ.items() if k not in OPENMP_VARIABLES}
         env.update({**{k: str(v) for k, v in CACHE_BOUNDS.items()}, **ARMS[name][0]})
+        if name.startswith("intel-"):
+            libiomp, tcmalloc = openmp_env.find_libiomp(), openmp_env.find_tcmalloc()
+            if libiomp is None:
+                raise SystemExit(f"{name}: libiomp5 not found (pip install intel-openmp)")
+            env["LD_PRELOAD"] = ":".join(str(path) for path in (tcmalloc, libiomp) if path is not None)
         self.name = name
         self.proc = subprocess.Popen([sys.executable, __file__, "--child", name, *argv], env=env, text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)

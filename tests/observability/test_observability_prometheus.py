@@ -351,8 +351,10 @@ def test_sequential_requests_give_exact_batch_counters(observed: Observed) -> No
         "scorekeeper_batch_sequences_sum": a.sequences,
         "scorekeeper_batch_tokens_sum": a.prompt_tokens,  # packed: the model ran exactly the prompt tokens
         "scorekeeper_hidden_state_copy_seconds_count": a.pooled_requests,  # one copy per batch with pooled rows
+        "scorekeeper_model_thread_cpu_share_count": batches,  # every CPU forward's on-CPU share
     }
     actual = {name: _delta(after, before, name) for name in expected}
+    assert 0 < _delta(after, before, "scorekeeper_model_thread_cpu_share_sum") <= batches  # shares are in (0, 1]
     actual |= {f"{stage} count": _delta(after, before, "scorekeeper_stage_duration_seconds_count", stage=stage)
                for stage in ("forward", "scoring")}
     actual["eager runs"] = _delta(after, before, "scorekeeper_cuda_graph_runs_total", path="eager", bucket="none")

@@ -21,6 +21,8 @@ COPY_BUCKETS = (1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1,
 GC_BUCKETS = (1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 TOKEN_BUCKETS = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+# The model thread's on-CPU share of a forward: 0.5 is two threads given one core's worth, 0.9 a quiet machine.
+CPU_SHARE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 STAGES = ("tokenize", "queue", "forward", "scoring", "serialize", "end_to_end")
 REJECTIONS = ("queue_full", "body_too_large", "request_tokens", "response_bytes")
 CANCELLATIONS = ("disconnect", "timeout", "device_lost")
@@ -103,6 +105,9 @@ class WorkerMetrics:
                                           registry=r)
         self.cpu_threads = Gauge("scorekeeper_cpu_threads", "CPU threads the model runs with (--threads: auto is the "
                                  "smaller of the cgroup CPU quota and the affinity mask)", registry=r)
+        self.model_thread_cpu_share = Histogram(
+            "scorekeeper_model_thread_cpu_share", "CPU forwards by the model thread's CPU time over their wall time: "
+            "0.9-1 alone on its cores, lower while other processes hold them", buckets=CPU_SHARE_BUCKETS, registry=r)
         self.cpu_dedicated = Gauge("scorekeeper_cpu_dedicated", "1 when the worker's CPUs are its own (an exclusive "
                                    "cpuset as large as its CPU quota: Guaranteed QoS, static CPU manager), 0 when "
                                    "shared with other processes; OpenMP's wait policy follows it", registry=r)

@@ -221,6 +221,8 @@ class Scheduler:
         m.stage_seconds.labels("forward").observe(stats.inputs_seconds + stats.forward_seconds)
         m.stage_seconds.labels("scoring").observe(stats.scoring_seconds)
         m.graph_runs.labels(stats.graph_path, stats.graph_bucket).inc()
+        if stats.cpu_share is not None:
+            m.model_thread_cpu_share.observe(stats.cpu_share)
         if stats.copies.vectors:
             m.hidden_copy_bytes.inc(stats.copies.bytes)
             m.hidden_copy_vectors.inc(stats.copies.vectors)

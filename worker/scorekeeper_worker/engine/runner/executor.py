@@ -38,6 +38,9 @@ class BatchStats:
     copies: CopyStats
     graph_path: str = "eager"  # "graph" (replayed), "padded" (bucket shapes, run eagerly: no CUDA) or "eager"
     graph_bucket: str = "none"  # the token bucket, for graph and padded batches
+    # On CPU: the model thread's CPU time over the forward's wall time. Near 1 alone on its cores; about 0.5 with two
+    # threads beside an equal-share neighbour, which takes half the cores (docs/operations.md#cpu-threads).
+    cpu_share: float | None = None
 
 
 # A test hook: sees every batch just before its forward; what it raises is the forward's error (tests make one
@@ -66,7 +69,7 @@ class Executor:
         bucket = self.graphs.select(units) if self.graphs is not None else None
         if bucket is None:
             inputs = build_inputs(units, self.model.device, self.eager_kind)
-            packed = time.perf_counter()
+            packed, cpu_started = time.perf_counter(), time.thread_time()
             if self.compiler is not None:
                 pooled = self.compiler.run(EAGER_KEY, False, lambda: pooled_rows(self.model, inputs))
             else:
@@ -75,12 +78,15 @@ class Executor:
         else:
             assert self.graphs is not None
             inputs = self.graphs.load(bucket, units)
-            packed = time.perf_counter()
+            packed, cpu_started = time.perf_counter(), time.thread_time()
             pooled = self.graphs.forward(bucket)
             path, label = ("graph" if bucket.graph is not None else "padded"), str(bucket.shape.tokens)
         if pooled.is_cuda:
             torch.cuda.synchronize()
         forwarded = time.perf_counter()
+        cpu_share = None
+        if pooled.device.type == "cpu":
+            cpu_share = min(1.0, (time.thread_time() - cpu_started) / max(forwarded - packed, 1e-9))
         by_job: dict[int, tuple[Job, list[int], list[int]]] = {}
         for row, readout in enumerate(inputs.readouts):
             job = batch[readout.unit][0]
@@ -101,5 +107,6 @@ class Executor:
             copies=copies,
             graph_path=path,
             graph_bucket=label,
+            cpu_share=cpu_share,
         )
         return stats
