@@ -27,18 +27,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import log, machine_note, markdown_table
-from scorekeeper_worker.base.config import OpenMPRuntime
+from common import intel_openmp_env, log, machine_note, markdown_table
 from scorekeeper_worker.cli import CACHE_BOUNDS
-from scorekeeper_worker.serving.startup import openmp_env
 
 ISA_ENV = {"native": {}, "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
                                   "ATEN_CPU_CAPABILITY": "avx2"}}
 # What `--openmp-runtime auto` preloads where intel-openmp is installed: libiomp5 and TCMalloc (whose RSS behaviour is
 # its own: glibc's heap columns then read only what glibc still serves), with Intel's wait settings.
-INTEL = {k: v for k, v in (openmp_env.reexec_env(OpenMPRuntime.INTEL, {}, openmp_env.find_libiomp(),
-                                                  openmp_env.find_tcmalloc()) or {}).items()
-         if k != openmp_env.REEXEC_MARKER}
+INTEL = intel_openmp_env()
 # configuration → (environment, use the worker's mallopt thresholds)
 CONFIGS: dict[str, tuple[dict[str, str], bool]] = {
     "worker": ({}, True),  # what `scorekeeper-worker serve --openmp-runtime gnu` sets (cache bounds: cli.CACHE_BOUNDS)

@@ -32,9 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import background_load, log, machine_note, markdown_table, median
+from common import background_load, intel_openmp_env, log, machine_note, markdown_table, median
 from scorekeeper_worker.cli import CACHE_BOUNDS
-from scorekeeper_worker.serving.startup import openmp_env
 
 # arm → (OpenMP environment, intra-op threads, concurrent single-threaded halves of the request)
 ARMS: dict[str, tuple[dict[str, str], int, int]] = {
@@ -46,11 +45,11 @@ ARMS: dict[str, tuple[dict[str, str], int, int]] = {
     "passive-2-pinned": ({"OMP_WAIT_POLICY": "PASSIVE", "OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}, 2, 1),
     "passive-1": ({"OMP_WAIT_POLICY": "PASSIVE"}, 1, 1),
     "inter-2x1": ({"OMP_WAIT_POLICY": "PASSIVE"}, 1, 2),  # two halves at once, one thread each
-    # Intel's OpenMP with TCMalloc, preloaded as the worker ships (--openmp-runtime auto): 2, 1 and 4 threads (4 on
-    # 2 cores: a pod whose thread count is larger than the cores it really gets)
-    "intel-2": ({"KMP_BLOCKTIME": "1", "KMP_TPAUSE": "0"}, 2, 1),
-    "intel-1": ({"KMP_BLOCKTIME": "1", "KMP_TPAUSE": "0"}, 1, 1),
-    "intel-4": ({"KMP_BLOCKTIME": "1", "KMP_TPAUSE": "0"}, 4, 1),
+    # Intel's OpenMP with TCMalloc, preloaded with Intel's wait as the worker ships them (--openmp-runtime auto, added
+    # by Arm): 2, 1 and 4 threads (4 on 2 cores: a pod whose thread count is larger than the cores it really gets)
+    "intel-2": ({}, 2, 1),
+    "intel-1": ({}, 1, 1),
+    "intel-4": ({}, 4, 1),
 }
 OPENMP_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_PROC_BIND", "OMP_PLACES", "KMP_BLOCKTIME")
 
@@ -103,10 +102,10 @@ class Arm:
         env = {k: v for k, v in os.environ.items() if k not in OPENMP_VARIABLES}
         env.update({**{k: str(v) for k, v in CACHE_BOUNDS.items()}, **ARMS[name][0]})
         if name.startswith("intel-"):
-            libiomp, tcmalloc = openmp_env.find_libiomp(), openmp_env.find_tcmalloc()
-            if libiomp is None:
+            intel = intel_openmp_env()
+            if not intel:
                 raise SystemExit(f"{name}: libiomp5 not found (pip install intel-openmp)")
-            env["LD_PRELOAD"] = ":".join(str(path) for path in (tcmalloc, libiomp) if path is not None)
+            env.update(intel)
         self.name = name
         self.proc = subprocess.Popen([sys.executable, __file__, "--child", name, *argv], env=env, text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)

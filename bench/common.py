@@ -36,6 +36,16 @@ AVX2_CAP = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "FBGEMM
             "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 
 
+def intel_openmp_env() -> dict[str, str]:
+    """What `--openmp-runtime auto` adds to a worker's environment where intel-openmp is installed: libiomp5 (and
+    TCMalloc, where found) preloaded and Intel's wait settings; empty without libiomp5."""
+    from scorekeeper_worker.base.config import OpenMPRuntime
+    from scorekeeper_worker.serving.startup import openmp_env
+
+    env = openmp_env.reexec_env(OpenMPRuntime.INTEL, {}, openmp_env.find_libiomp(), openmp_env.find_tcmalloc())
+    return {k: v for k, v in (env or {}).items() if k != openmp_env.REEXEC_MARKER}
+
+
 def background_load(condition: str, cpus: int) -> list[str] | None:
     """The command of a benchmark condition's background load, to start in a session of its own:
     - "quiet": none;
