@@ -3,9 +3,11 @@ bench_cpu.py workloads (1 query × 200 documents, MiniLM cross-encoder for reran
 
 - Over HTTP, one worker per arm, all started together and timed round-robin (so a noisy neighbour hits them alike):
   the defaults, `--no-onednn-linear` (torch's nn.Linear) and `--max-batch-tokens 2048` (smaller forwards).
-- In process (engine only, no HTTP), interleaved in one process: the forward with and without the pooled-rows
-  selection of the last layer (rerank: CLS pooling), with batched attention products for short rows and with the
-  flash kernel for every row (`tiled.BATCHED_MAX_KEYS` 0), after minor page faults per request before and after
+- In process (engine only, no HTTP), interleaved in one process, with the worker's Intel OpenMP and TCMalloc
+  preloaded (the script re-executes itself with them): linear weights prepacked for oneDNN or plain, whole rows
+  attended in place or gathered into blocks (`tiled.IN_PLACE_MIN_KEYS`), the forward with and without the
+  pooled-rows selection of the last layer (rerank: CLS pooling), with batched attention products for short rows and
+  with the flash kernel for every row (`tiled.BATCHED_MAX_KEYS` 0), after minor page faults per request before and after
   `keep_freed_memory()` (process-wide: it cannot be switched back, so the two halves are not interleaved; the fault
   counts are the measurement, the times are context; the arms then run under it, as the worker does). Each request
   runs through `score_now` (prepared as the server prepares it, in batches of the default --max-batch-tokens); its
@@ -17,6 +19,7 @@ bench_cpu.py workloads (1 query × 200 documents, MiniLM cross-encoder for reran
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import sys
 from collections.abc import Callable
@@ -28,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import http_servers
 from bench_cpu import cross_encoder_dir
 from bench_minilm import make_workload
-from common import log, markdown_table, median
+from common import intel_openmp_env, log, markdown_table, median
 
 BATCH_TOKENS = 8192  # the worker's default --max-batch-tokens
 ARMS = {"defaults": [], "--no-onednn-linear": ["--no-onednn-linear"],
@@ -59,6 +62,7 @@ def in_process(model: Path, workload: dict[str, Any], reps: int) -> list[list[st
         BatchStats,
         DType,
         Executor,
+        FusedLinear,
         Limits,
         Pooling,
         ScoreAsk,
@@ -105,6 +109,18 @@ def in_process(model: Path, workload: dict[str, Any], reps: int) -> list[list[st
     def batched_attention(on: bool) -> None:
         tiled.BATCHED_MAX_KEYS = batched_keys if on else 0
 
+    fused = [module for module in scoring.trunk.modules() if isinstance(module, FusedLinear)]
+    packed, plain = [m.packed for m in fused], [m.weight for m in fused]
+
+    def prepacked(on: bool) -> None:
+        for module, weight in zip(fused, packed if on else plain, strict=True):
+            module.packed = weight  # oneDNN's fused linear takes a plain weight too, reordering it at every call
+
+    in_place_keys = tiled.IN_PLACE_MIN_KEYS
+
+    def rows_in_place(on: bool) -> None:
+        tiled.IN_PLACE_MIN_KEYS = in_place_keys if on else 1 << 62
+
     once()
     glibc = [once() for _ in range(reps)]
     keep_freed_memory()  # the worker's setting from here on: the arms below run as the worker runs them
@@ -115,8 +131,13 @@ def in_process(model: Path, workload: dict[str, Any], reps: int) -> list[list[st
             ["glibc's defaults (before)", f"{median([s for s, _ in glibc]):.3f}",
              f"{median([f for _, f in glibc]):.0f}", "—"]]
     batched_keys = tiled.BATCHED_MAX_KEYS
+    rows += interleaved(prepacked, "linear weights prepacked at load", "plain linear weights")
+    rows += interleaved(rows_in_place, f"whole rows of ≥ {in_place_keys} keys attended in place",
+                        "every row gathered into blocks")
+    tiled.IN_PLACE_MIN_KEYS = 1 << 62  # the next arm compares the two kernels of gathered blocks
     rows += interleaved(batched_attention, f"batched attention for rows of ≤ {batched_keys} keys",
                         "the flash kernel for every row")
+    tiled.IN_PLACE_MIN_KEYS = in_place_keys
     if scoring.selects_rows and scoring.pooling != Pooling.MEAN:  # mean pooling reads every row
         rows += interleaved(select_rows, "pooled rows only in the last layer's tail",
                             "every row through the last layer")
@@ -132,6 +153,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="and CPUs 0..threads-1 for the servers")
     parser.add_argument("--no-http", action="store_true", help="the in-process arms only")
     args = parser.parse_args()
+    runtime = intel_openmp_env()  # the worker's own OpenMP runtime and allocator, as it runs them
+    if runtime and runtime["LD_PRELOAD"] not in os.environ.get("LD_PRELOAD", ""):
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **runtime})
     from scorekeeper_worker.library import minilm_path
 
     model = cross_encoder_dir() if args.task == "rerank" else minilm_path()

@@ -50,8 +50,14 @@ ARMS: dict[str, tuple[dict[str, str], int, int]] = {
     "intel-2": ({}, 2, 1),
     "intel-1": ({}, 1, 1),
     "intel-4": ({}, 4, 1),
+    # Intel's block time (ms a thread spins after a parallel region before it sleeps): the worker's 1, vLLM's 5, longer
+    "intel-2-bt5": ({"KMP_BLOCKTIME": "5"}, 2, 1),
+    "intel-2-bt20": ({"KMP_BLOCKTIME": "20"}, 2, 1),
+    "intel-2-bt200": ({"KMP_BLOCKTIME": "200"}, 2, 1),
+    "intel-2-thp": ({"THP_MEM_ALLOC_ENABLE": "1"}, 2, 1),  # torch's large CPU buffers on transparent huge pages
+    "intel-2-pinned": ({"KMP_AFFINITY": "granularity=fine,compact,1,0"}, 2, 1),  # one thread per CPU, as vLLM binds
 }
-OPENMP_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_PROC_BIND", "OMP_PLACES", "KMP_BLOCKTIME")
+OPENMP_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_PROC_BIND", "OMP_PLACES", "KMP_BLOCKTIME", "KMP_AFFINITY")
 
 
 def child(args: argparse.Namespace, arm: str) -> None:
@@ -100,12 +106,13 @@ def child(args: argparse.Namespace, arm: str) -> None:
 class Arm:
     def __init__(self, name: str, argv: list[str]) -> None:
         env = {k: v for k, v in os.environ.items() if k not in OPENMP_VARIABLES}
-        env.update({**{k: str(v) for k, v in CACHE_BOUNDS.items()}, **ARMS[name][0]})
+        env.update({k: str(v) for k, v in CACHE_BOUNDS.items()})
         if name.startswith("intel-"):
             intel = intel_openmp_env()
             if not intel:
                 raise SystemExit(f"{name}: libiomp5 not found (pip install intel-openmp)")
             env.update(intel)
+        env.update(ARMS[name][0])  # after the runtime's defaults: an arm's own setting wins
         self.name = name
         self.proc = subprocess.Popen([sys.executable, __file__, "--child", name, *argv], env=env, text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)

@@ -78,7 +78,7 @@ def int8_kernels(module: FusedLinear, tokens: int) -> dict[str, Callable[[torch.
     """The linear (and GELU) of a FusedLinear as int8 kernels: uint8 activations (scale X_SCALE, zero point
     X_ZERO_POINT, X_LEVELS levels) in, uint8 (OUT_SCALE, ZERO_POINT) out, weights int8 per output channel, the bias
     and GELU fused."""
-    weight, bias = module.linear.weight, module.linear.bias
+    weight, bias = module.weight, module.bias
     scale = weight.abs().amax(1) / 127
     zeros = torch.zeros(weight.shape[0], dtype=torch.long)
     q_weight = torch.round(weight / scale[:, None]).to(torch.int8)
@@ -103,7 +103,7 @@ def int8_rate_ratio(trunk: torch.nn.Module, tokens: int, reps: int) -> float:
     float32_seconds = int8_seconds = 0.0
     for name, module in trunk.named_modules():
         if isinstance(module, FusedLinear) and not name.startswith("pooler"):
-            x = torch.randn(tokens, module.linear.in_features)
+            x = torch.randn(tokens, module.in_features)
             q_x = torch.randint(0, X_LEVELS, x.shape, dtype=torch.uint8)
             float32_seconds += _timed(lambda m=module, x=x: m(x), reps)
             int8_seconds += min(_timed(lambda k=kernel, q=q_x: k(q), reps)

@@ -28,6 +28,7 @@ from scorekeeper_worker.library import (
     Limits,
     ScoreAsk,
     ScoringModel,
+    fuse_linears,
     load_model,
     minilm_path,
     prepare_smollm2,
@@ -38,7 +39,10 @@ from scorekeeper_worker.library import (
 
 def load(kind: str, dtype: str, cache: Path) -> ScoringModel:
     path = minilm_path() if kind == "minilm" else Path(prepare_smollm2(cache))
-    return load_model(path, DType(dtype), "cpu", kind)
+    model = load_model(path, DType(dtype), "cpu", kind)
+    if model.dtype == torch.float32:  # as the server loads it (--onednn-linear, on by default)
+        fuse_linears(model.trunk)
+    return model
 
 
 def ask_for(kind: str, model: ScoringModel, args: argparse.Namespace) -> ScoreAsk:

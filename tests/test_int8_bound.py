@@ -32,9 +32,9 @@ def test_int8_kernels_compute_the_linear_layer(gelu: bool) -> None:
     # full 8-bit activations on CPUs with VNNI, 7-bit where products saturate in 16 bits (AVX2, or capped to it)
     q_x = torch.randint(0, int8_bound.X_LEVELS, (32, 64), dtype=torch.uint8)
     x = (q_x.float() - int8_bound.X_ZERO_POINT) * int8_bound.X_SCALE
-    scale = module.linear.weight.abs().amax(1) / 127
-    weight = torch.round(module.linear.weight / scale[:, None]) * scale[:, None]  # what the int8 weights hold
-    reference = torch.nn.functional.linear(x, weight, module.linear.bias)
+    scale = module.weight.abs().amax(1) / 127
+    weight = torch.round(module.weight / scale[:, None]) * scale[:, None]  # what the int8 weights hold
+    reference = torch.nn.functional.linear(x, weight, module.bias)
     reference = torch.nn.functional.gelu(reference) if gelu else reference
     expected = torch.clamp(torch.round(reference / int8_bound.OUT_SCALE) + int8_bound.ZERO_POINT, 0, 255)
     kernels = int8_bound.int8_kernels(module, 32)

@@ -91,8 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--api-key-file", "file of API keys, one per line (re-read when it changes): /v1/* then need "
         "Authorization: Bearer KEY")
     add("--max-batch-tokens", "token budget of one packed forward pass")
-    add("--onednn-linear", "on CPU in float32, run linear layers through oneDNN with the bias and a following GELU "
-        "fused (--no-onednn-linear: torch's nn.Linear)")
+    add("--onednn-linear", "on CPU in float32, run linear layers through oneDNN on weights prepacked at load, with "
+        "the bias and a following GELU fused (--no-onednn-linear: torch's nn.Linear)")
     add("--max-queue-tokens", "tokens admitted but not yet scored; beyond it requests get 429")
     add("--max-request-bytes", "largest accepted request body; beyond it 413")
     add("--max-request-tokens", "most tokens one request may run through the model once planned (multi-item "

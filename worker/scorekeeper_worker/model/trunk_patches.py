@@ -23,12 +23,16 @@ module where that tail starts; it is called with tensors of one row per token ([
 the residual), and a forward pre-hook cuts them to the selected rows. The selection is set for one forward by
 `only_rows` (engine/runner/forward.py): transformers' own forwards of the same model run whole.
 
-Linear layers through oneDNN on CPU, with the bias (and a GELU that follows) in the matrix product's epilogue.
+Linear layers through oneDNN on CPU in float32: weights prepacked once, the bias (and a GELU that follows) fused.
+
 torch's `nn.Linear` on CPU copies the bias into the output and runs MKL's sgemm on top (`addmm`), and a GELU after it
 is another pass over the result: two extra passes over every activation. oneDNN's fused linear, the op Inductor
-emits on CPU, adds the bias and applies the GELU while a tile is still in registers (docs/benchmarks.md measures
-it). Float32 results differ from MKL's only by summation order (about 1e-6 relative). `plain_linears()` runs the
-original modules for the duration."""
+emits on CPU, adds the bias and applies the GELU while a tile is still in registers. Its weight is reordered at load
+into the blocked layout oneDNN's kernels read (`mkldnn._reorder_linear_weight`, as vLLM's CPU backend prepacks its
+linear weights); with a plain weight every call reorders it again, and MiniLM forwards took 1.05× as long
+(docs/benchmarks.md). The packed weight replaces the plain one, so memory does not grow: `weight` unpacks it (exact)
+for whoever needs the plain matrix. Float32 results differ from MKL's only by summation order (about 1e-6
+relative); `plain_linears()` runs torch's own `linear` (and GELU) for the duration, the self-check's reference."""
 
 from __future__ import annotations
 
@@ -52,6 +56,7 @@ _SELECTION: ContextVar[torch.Tensor | None] = ContextVar("scorekeeper_rope_table
 _ROWS: ContextVar[torch.Tensor | None] = ContextVar("scorekeeper_pooled_rows", default=None)
 _PLAIN: ContextVar[bool] = ContextVar("scorekeeper_plain_linears", default=False)
 _fused = torch.ops.mkldnn._linear_pointwise
+_pack = torch.ops.mkldnn._reorder_linear_weight
 V = TypeVar("V")
 
 
@@ -194,18 +199,28 @@ def only_rows(rows: torch.Tensor | None) -> AbstractContextManager[None]:
 
 
 class FusedLinear(nn.Module):
-    """`linear`, then GELU (erf) when `gelu`, as one oneDNN call."""
+    """`linear`, then GELU (erf) when `gelu`, as one oneDNN call on a prepacked weight."""
 
     def __init__(self, linear: nn.Linear, gelu: bool = False) -> None:
         super().__init__()
-        self.linear, self.gelu = linear, gelu
+        self.in_features, self.out_features, self.gelu = linear.in_features, linear.out_features, gelu
+        self.packed = _pack(linear.weight.detach())  # an opaque oneDNN tensor: not a parameter or buffer
+        self.bias = linear.bias
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The plain [out, in] weight, unpacked (a copy)."""
+        return self.packed.to_dense()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _PLAIN.get():
-            out = self.linear(x)
+            out = nn.functional.linear(x, self.weight, self.bias)
             return nn.functional.gelu(out) if self.gelu else out
-        return _fused(x, self.linear.weight, self.linear.bias, "gelu" if self.gelu else "none", [],  # type: ignore[no-any-return]
+        return _fused(x, self.packed, self.bias, "gelu" if self.gelu else "none", [],  # type: ignore[no-any-return]
                       "none" if self.gelu else "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, gelu={self.gelu}"
 
 
 def _exact_gelu(module: nn.Module) -> bool:
@@ -229,4 +244,5 @@ def fuse_linears(trunk: nn.Module) -> int:
 
 
 def plain_linears() -> AbstractContextManager[None]:
+    """For the duration, fused layers compute as torch's own `nn.Linear` (and GELU) would."""
     return _during(_PLAIN, True)

@@ -142,7 +142,12 @@ def _row_block(rows: list[_Row], spare: int, device: torch.device) -> RowBlock:
         positions=_tensor([r.positions + [0] * p for r, p in zip(rows, pad, strict=True)], device),
         write_index=_tensor([t for r, p in zip(rows, pad, strict=True) for t in r.tokens + [spare] * p], device),
         padded=any(pad),
+        spans=tuple((r.tokens[0], len(r.tokens)) for r in rows) if all(map(_consecutive, rows)) else (),
     )
+
+
+def _consecutive(row: _Row) -> bool:
+    return bool(row.tokens) and row.tokens == list(range(row.tokens[0], row.tokens[0] + len(row.tokens)))
 
 
 def _item_block(rows: list[_Row], spare: int, device: torch.device) -> ItemBlock:

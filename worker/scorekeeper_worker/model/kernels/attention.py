@@ -3,7 +3,9 @@
 A packed batch is one row of T tokens, described by an `AttentionLayout` (`model/kernels/layout.py`): context rows
 (whole sequences, or the shared queries of multi-item groups) and item rows (the items of a multi-item group, which
 see their query and, causally, themselves). Rows are padded per block of similar lengths and gathered with
-fixed-size index tensors, so the cost grows with N·I·(Q+I), never with T². Each block is one attention call
+fixed-size index tensors, so the cost grows with N·I·(Q+I), never with T² (on CPU, context rows of whole sequences of
+at least 64 tokens attend where they lie in the packed row instead, one fused call per row). Each block is one
+attention call
 (`attention_kernels.tiled`: on CPU the fused flash kernel, which also returns the log-sum-exp): decoder rows need
 no mask at all (rows are right-padded, so causality hides padding keys from every real query), encoder rows a
 key-padding mask only where a block has padding, sliding windows a mask from position ids, and an item's two views
@@ -31,7 +33,7 @@ from scorekeeper_worker.model.kernels.layout import (
     TokenLayout,
     token_allowed,
 )
-from scorekeeper_worker.model.kernels.tiled import Mask, RowMask, attend, attend_output, merge
+from scorekeeper_worker.model.kernels.tiled import Mask, RowMask, attend, attend_output, attend_spans, in_place, merge
 
 __all__ = ["ATTENTION_NAME", "AttentionLayout", "ItemBlock", "LayoutKind", "RowBlock", "TokenLayout",
            "packed_attention", "token_allowed"]
@@ -133,6 +135,9 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
 
     out = torch.empty(tokens + 1, heads, dim, dtype=q.dtype, device=q.device)  # row `tokens` takes padding
     for i, block in enumerate(layout.context_blocks):
+        if block.spans and in_place(q.device, softcap, window, block.token_index.shape[1]):
+            attend_spans(query, key, value, block.spans, out, causal, scale)
+            continue
         mask = layout.cached(("ctx", i, causal, window), lambda b=block: RowMask(
             b.positions, b.positions, _valid(b) if b.padded else None, causal, window, contiguous=True))
         qr, kr, vr = (_rows(t, block.token_index, g) for t, g in ((q, 1), (k, groups), (v, groups)))
