@@ -5,14 +5,13 @@ A packed batch is one row of T tokens, described by an `AttentionLayout` (`model
 see their query and, causally, themselves). Rows are padded per block of similar lengths and gathered with
 fixed-size index tensors, so the cost grows with N·I·(Q+I), never with T² (on CPU, context rows of whole sequences of
 at least 64 tokens attend where they lie in the packed row instead, one fused call per row). Each block is one
-attention call
-(`attention_kernels.tiled`: on CPU the fused flash kernel, which also returns the log-sum-exp): decoder rows need
-no mask at all (rows are right-padded, so causality hides padding keys from every real query), encoder rows a
-key-padding mask only where a block has padding, sliding windows a mask from position ids, and an item's two views
-(its query, itself; a child item's three, with its parent item) are calls merged exactly by their log-sum-exps.
-Softcapping (and non-CPU devices) take the explicit float32 path. Any mask or explicit score matrix is built one
-tile of queries at a time, so memory is bounded by the tile, not by the square of the longest row. Nothing here reads
-a device value back to the host.
+attention call (`attention_kernels.tiled`: on CPU the fused flash kernel, which also returns the log-sum-exp):
+decoder rows need no mask at all (rows are right-padded, so causality hides padding keys from every real query),
+encoder rows a key-padding mask only where a block has padding, sliding windows a mask from position ids, and an
+item's two views (its query, itself; a child item's three, with its parent item) are calls merged exactly by their
+log-sum-exps. Softcapping (and non-CPU devices) take the explicit float32 path. Any mask or explicit score matrix
+is built one tile of queries at a time, so memory is bounded by the tile, not by the square of the longest row.
+Nothing here reads a device value back to the host.
 
 CUDA-graph buckets use the per-token rules instead (`LayoutKind.DENSE`: explicit tiles of a fixed number of
 queries against the whole bucket, so the result does not depend on how far a bucket is padded; or
