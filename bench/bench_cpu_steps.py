@@ -7,9 +7,10 @@ bench_cpu.py workloads (1 query × 200 documents, MiniLM cross-encoder for reran
   preloaded (the script re-executes itself with them): linear weights prepacked for oneDNN or plain, whole rows
   attended in place or gathered into blocks (`tiled.IN_PLACE_MIN_KEYS`), the forward with and without the
   pooled-rows selection of the last layer (rerank: CLS pooling), with batched attention products for short rows and
-  with the flash kernel for every row (`tiled.BATCHED_MAX_KEYS` 0), after minor page faults per request before and after
-  `keep_freed_memory()` (process-wide: it cannot be switched back, so the two halves are not interleaved; the fault
-  counts are the measurement, the times are context; the arms then run under it, as the worker does). Each request
+  with the flash kernel for every row (`tiled.BATCHED_MAX_KEYS` 0). Where glibc's allocator runs (no TCMalloc
+  found), first the minor page faults per request before and after `keep_freed_memory()` (process-wide: it cannot
+  be switched back, so the two halves are not interleaved; the fault counts are the measurement, the times are
+  context; the arms then run under it, as the worker does). Each request
   runs through `score_now` (prepared as the server prepares it, in batches of the default --max-batch-tokens); its
   time is the executor's (inputs, forward, scoring of every batch), its faults are the whole request's.
 
@@ -122,14 +123,16 @@ def in_process(model: Path, workload: dict[str, Any], reps: int) -> list[list[st
         tiled.IN_PLACE_MIN_KEYS = in_place_keys if on else 1 << 62
 
     once()
-    glibc = [once() for _ in range(reps)]
-    keep_freed_memory()  # the worker's setting from here on: the arms below run as the worker runs them
-    once()
-    kept = [once() for _ in range(reps)]
-    rows = [["allocator thresholds (after keep_freed_memory)", f"{median([s for s, _ in kept]):.3f}",
-             f"{median([f for _, f in kept]):.0f}", "—"],
-            ["glibc's defaults (before)", f"{median([s for s, _ in glibc]):.3f}",
-             f"{median([f for _, f in glibc]):.0f}", "—"]]
+    rows: list[list[str]] = []
+    if "tcmalloc" not in os.environ.get("LD_PRELOAD", ""):  # glibc's allocator: its thresholds are a step
+        glibc = [once() for _ in range(reps)]
+        keep_freed_memory()  # the worker's setting from here on: the arms below run as the worker runs them
+        once()
+        kept = [once() for _ in range(reps)]
+        rows += [["allocator thresholds (after keep_freed_memory)", f"{median([s for s, _ in kept]):.3f}",
+                  f"{median([f for _, f in kept]):.0f}", "—"],
+                 ["glibc's defaults (before)", f"{median([s for s, _ in glibc]):.3f}",
+                  f"{median([f for _, f in glibc]):.0f}", "—"]]
     batched_keys = tiled.BATCHED_MAX_KEYS
     rows += interleaved(prepacked, "linear weights prepacked at load", "plain linear weights")
     rows += interleaved(rows_in_place, f"whole rows of ≥ {in_place_keys} keys attended in place",
