@@ -11,11 +11,13 @@ single-token words (bench_minilm.py), so every system gets the same token counts
 
 Every process is pinned to the same CPUs (this script pins itself; children inherit) with the same thread count
 (`--threads`); vLLM runs with its own binding ("auto": it keeps one core for its frontend). Repetitions go
-round-robin after a warm-up, alternating the order. Conditions: `--stress N` runs `stress --cpu N` on the same CPUs
-throughout, `--neighbours N` the same at `nice -n 19` (other pods using whatever CPU is spare); `--isa avx2` caps
-every system to AVX2 (an AVX-512 CPU standing in for one without it). Prints the CPU model, its ISA flags, the
-condition, each system's threads and configuration, then the tables with ratios to the best peer measured in the
-same run.
+round-robin after a warm-up, alternating the order; after each answer the run waits until that system is idle again
+(idle.py: vLLM busy-polls a core for about a second after every response), so each system is timed beside the
+condition's load only, and the CPU-seconds a system used after answering get a column of their own. Conditions:
+`--stress N` runs `stress --cpu N` on the same CPUs throughout, `--neighbours N` the same at `nice -n 19` (other
+pods using whatever CPU is spare); `--isa avx2` caps every system to AVX2 (an AVX-512 CPU standing in for one without
+it). Prints the CPU model, its ISA flags, the condition, each system's threads and configuration, then the tables
+with ratios to the best peer measured in the same run.
 
     .venv/bin/python bench/bench_cpu.py                       # both tasks, both mixes, every system
     .venv/bin/python bench/bench_cpu.py --stress 2            # the same with `stress --cpu 2` beside it
@@ -38,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import http_servers
 from bench_minilm import MIXES, make_workload
 from common import AVX2_CAP, REPO, Peer, background_load, log, markdown_table, max_abs_diff, median, set_threads
+from idle import SETTLE_TIMEOUT_S, settle
 
 CROSS_ENCODER_DIR = REPO / ".cache" / "models" / "minilm-cross-encoder"
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
@@ -125,17 +128,20 @@ def run_task(task: str, systems: list[str], workloads: dict[str, dict[str, Any]]
                                           start_new_session=True))
         for mix, workload in workloads.items():
             times: dict[str, list[float]] = {s: [] for s in runners}
+            after: dict[str, list[float]] = {s: [] for s in runners}
             scores: dict[str, list[float]] = {}
             for _ in range(args.warmup):
                 for system, runner in runners.items():
                     _, scores[system] = once(runner, task, workload)
+                    settled(system, runner)
             for rep in range(args.reps):
                 for system in list(runners) if rep % 2 == 0 else list(reversed(runners)):
                     times[system].append(once(runners[system], task, workload)[0])
+                    after[system].append(settled(system, runners[system]))
                 log(f"{task} {mix} rep {rep + 1}/{args.reps}: "
-                    + ", ".join(f"{s} {times[s][-1]:.2f}s" for s in runners))
+                    + ", ".join(f"{s} {times[s][-1]:.2f}s (then {after[s][-1]:.2f} CPU-s)" for s in runners))
             records += [{"task": task, "mix": mix, "system": s, "times": times[s], "scores": scores[s],
-                         "threads": runners[s].threads, "config": runners[s].config,
+                         "cpu_after": after[s], "threads": runners[s].threads, "config": runners[s].config,
                          "items_per_s": len(workload["items"]) / median(times[s])} for s in runners]
     finally:
         for load in loads:
@@ -144,6 +150,15 @@ def run_task(task: str, systems: list[str], workloads: dict[str, dict[str, Any]]
         for runner in runners.values():
             runner.close()
     return records
+
+
+def settled(system: str, runner: Any) -> float:
+    """Wait until `system` is idle again after answering (vLLM busy-polls about a second): the next system is timed
+    on idle cores. Returns the CPU-seconds it used meanwhile."""
+    used, idle = settle({runner.proc.pid})  # each runner leads a session of its own
+    if not idle:
+        log(f"{system} still busy {SETTLE_TIMEOUT_S:.0f} s after answering; timing the next system anyway")
+    return used
 
 
 def load_commands(args: argparse.Namespace) -> list[list[str]]:
@@ -170,15 +185,16 @@ def report(records: list[dict[str, Any]]) -> str:
             rows = []
             for r in group:
                 if "unavailable" in r:
-                    rows.append([LABELS[r["system"]], "", "unavailable", "", "", "", r["unavailable"][:60]])
+                    rows.append([LABELS[r["system"]], "", "unavailable", "", "", "", "", r["unavailable"][:60]])
                     continue
                 ratio = f"{r['items_per_s'] / best['items_per_s']:.2f}×" if best else "n/a"
                 diff = f"{max_abs_diff(r['scores'], reference):.1e}" if reference else "n/a"
                 rank = f"{spearman(reference, r['scores']):.4f}" if reference else "n/a"
                 rows.append([LABELS[r["system"]], r["threads"], f"{r['items_per_s']:.1f}",
-                             f"{1000 * median(r['times']):.0f}", ratio, diff, rank])
+                             f"{1000 * median(r['times']):.0f}", f"{median(r['cpu_after']):.2f}", ratio, diff, rank])
             out.append(f"\n### {task}, {mix} mix\n")
-            out.append(markdown_table(["system", "threads", "items/s", "ms/request", "vs best peer",
+            out.append(markdown_table(["system", "threads", "items/s", "ms/request", "CPU-s after answering",
+                                       "vs best peer",
                                        "max |Δ| vs fp32 transformers", "Spearman vs fp32 transformers"], rows))
             by = {r["system"]: r for r in ran}
             if best and "scorekeeper" in by:
@@ -239,7 +255,8 @@ def main() -> None:
         if args.isa == "avx2" else "native"
     print(f"\nCPU: {model}; ISA flags: {', '.join(flags) or 'none of ' + ', '.join(ISA_FLAGS)}; instructions: {isa}; "
           f"pinned to CPUs {sorted(cpus)}; load average before the run {load}; condition: {condition}; "
-          f"{args.reps} repetitions after {args.warmup} warm-up, medians; 1 query × {args.items} documents: "
+          f"{args.reps} repetitions after {args.warmup} warm-up, medians, each request once the previous system "
+          f"was idle; 1 query × {args.items} documents: "
           + "; ".join(f"{m} mix {MIXES[m][0]}–{MIXES[m][1]} tokens, {w['tokens']} tokens in all"
                       for m, w in workloads.items()))
     configs = {r["system"]: r["config"] for r in records if "config" in r}

@@ -37,6 +37,7 @@ from common import (
     median,
     parse_worker_args,
 )
+from idle import settle
 
 MIXES = {"short": (8, 64), "long": (32, 224)}
 QUERY_TOKENS = 16
@@ -71,7 +72,7 @@ def make_workload(model_dir: Path, mix: str, items: int, seed: int) -> dict[str,
     got = [len(ids) for ids in tokenizer([workload["query"], *workload["items"]])["input_ids"]]
     if got != [QUERY_TOKENS, *lengths]:
         raise AssertionError("generated texts do not have the intended token counts")
-    workload["tokens"] = sum(got)
+    workload["tokens"], workload["lengths"] = sum(got), got
     return workload
 
 
@@ -100,12 +101,16 @@ def run_dtype(dtype: str, mixes: list[str], systems: list[str], args: argparse.N
                 log(f"{system} unavailable: {error}")
 
         def once(system: str, workload: dict[str, Any]) -> tuple[float, list[float]]:
+            """One timed request, then a wait until the system is idle again (idle.py), so the next is timed alone."""
             runner = runners[system]
             if system == "scorekeeper":
                 seconds, body = runner.score({"query": workload["query"], "items": workload["items"]})
-                return seconds, [row[0] for row in body["scores"]]
-            seconds, result = runner.run(workload=workload)
-            return seconds, result["scores"]
+                scores = [row[0] for row in body["scores"]]
+            else:
+                seconds, result = runner.run(workload=workload)
+                scores = result["scores"]
+            settle({runner.proc.pid})  # each runner leads a session of its own
+            return seconds, scores
 
         for mix in mixes:
             workload = workloads[mix]

@@ -1,7 +1,8 @@
 """Shared plumbing for the benchmarks: the worker as a subprocess, peers as line-protocol subprocesses, stats, tables.
 
-Every system under test runs in its own process and sits idle while another one is timed; repetitions are taken
-round-robin across systems so that the noise of a shared machine hits every system alike.
+Every system under test runs in its own process, in a session of its own, and is timed only once the one before it
+is idle again (idle.py); repetitions are taken round-robin across systems so that the noise of a shared machine hits
+every system alike.
 """
 
 from __future__ import annotations

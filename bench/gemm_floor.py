@@ -1,14 +1,18 @@
-"""The floor under any all-MiniLM-L6-v2 server on this machine: the time of its linear layers alone.
+"""The floor under any all-MiniLM-L6-v2 server on this machine: the time of the matrix products it cannot skip.
 
-Every system in bench_minilm.py must run each token through the same dense layers (Q, K, V, attention output and
-the two MLP matrices of all layers), whatever it does about padding and attention. This script times exactly
-those matrix products with the model's real weights on packed token blocks (no padding, no attention, no
-activations), at the thread count the benchmark uses, and prints that floor per mix. Given the JSON records of a
-bench_minilm.py run, it also prints the most any server could gain on the best peer in that run while keeping the
-same GEMM kernel: best peer seconds / floor.
+Every server must run each token through the same dense layers (Q, K, V, attention output and the two MLP matrices
+of every layer), whatever it does about padding and attention: an embedding (mean pooling) needs every token to the
+end; a cross-encoder reads one token per sequence, so after the last layer's keys and values only those rows need
+the rest of the last layer (the worker does that much; it is the least any server can do). This script times exactly
+those products with the model's real weights on packed token blocks (no padding, no attention, no activations), with
+the faster of torch's `nn.Linear` (MKL) and the worker's prepacked oneDNN linear, at the benchmark's thread count. It
+adds the attention products (scores and values, each sequence alone) as if they ran at the linear layers' rate,
+which no kernel for 32-wide heads does. Given the JSON records of a bench_cpu.py or bench_minilm.py run, it prints
+the most any server using these kernels could gain on the best peer of that run (best peer seconds / floor), and
+what a ratio of 1.15× would leave for everything else (tokenization, softmax, norms, copies, HTTP).
 
     .venv/bin/python bench/gemm_floor.py
-    .venv/bin/python bench/gemm_floor.py --results minilm.json     # with the ceiling against a benchmark run
+    .venv/bin/python bench/gemm_floor.py --results run.json     # with the ceiling against a benchmark run
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 from bench_minilm import MIXES, make_workload
-from common import median
+from common import markdown_table, median
 
 
 def linear_layers(model_dir: Path, dtype: torch.dtype) -> list[torch.nn.Linear]:
@@ -35,10 +40,10 @@ def linear_layers(model_dir: Path, dtype: torch.dtype) -> list[torch.nn.Linear]:
 
 
 @torch.inference_mode()
-def floor_seconds(layers: list[torch.nn.Linear], tokens: int, block: int, reps: int) -> float:
+def floor_seconds(layers: list[torch.nn.Module], tokens: int, block: int, reps: int) -> float:
     """Median time of all linear layers over `tokens` tokens, in blocks of at most `block` tokens."""
     sizes = [block] * (tokens // block) + ([tokens % block] if tokens % block else [])
-    inputs = {(n, layer.in_features): torch.randn(n, layer.in_features, dtype=layer.weight.dtype)
+    inputs = {(n, layer.in_features): torch.randn(n, layer.in_features, dtype=layer.bias.dtype)
               for n in set(sizes) for layer in layers}
 
     def once() -> float:
@@ -52,31 +57,120 @@ def floor_seconds(layers: list[torch.nn.Linear], tokens: int, block: int, reps: 
     return median([once() for _ in range(reps)])
 
 
+TARGET = 1.15  # issue 37: float32 at least 1.15× the best peer
+LAYER_MATRICES = 6  # query, key, value, attention output, MLP in, MLP out
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one request of a task needs at least: sequence lengths, and whether only the first token is read."""
+
+    lengths: list[int]
+    first_token_only: bool
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.lengths)
+
+
+def work_of(task: str, workload: dict[str, Any]) -> Work:
+    """embed: the query and each document alone; rerank: `[CLS] query [SEP] document [SEP]` per document."""
+    query, items = workload["lengths"][0], workload["lengths"][1:]
+    if task == "rerank":
+        return Work([query + n - 1 for n in items], first_token_only=True)
+    return Work(workload["lengths"], first_token_only=False)
+
+
+def linear_seconds(kernels: list[list[torch.nn.Module]], work: Work, blocks: list[int], reps: int) -> float:
+    """The linear layers' floor: every layer over every token, except, where only the first token is read, the last
+    layer's query, output and MLP matrices over one row per sequence. The fastest kernel and block size count."""
+    best = float("inf")
+    for layers in kernels:
+        last = layers[-LAYER_MATRICES:]
+        tail = [last[0], *last[3:]] if work.first_token_only else []
+        whole = [layer for layer in layers if not any(layer is t for t in tail)]
+        for block in blocks:
+            seconds = floor_seconds(whole, work.tokens, block, reps)
+            if tail:
+                seconds += floor_seconds(tail, len(work.lengths), block, reps)
+            best = min(best, seconds)
+    return best
+
+
+def attention_flop(work: Work, hidden: int, layers: int) -> int:
+    """Score and value products of every sequence alone (2 × 2·n²·hidden per layer; the last layer's queries are
+    the first tokens only where only they are read)."""
+    full = sum(4 * n * n * hidden for n in work.lengths)
+    last = sum(4 * n * hidden for n in work.lengths) if work.first_token_only else full
+    return (layers - 1) * full + last
+
+
+def linear_flop(layers: list[torch.nn.Module], work: Work) -> int:
+    macs = [layer.in_features * layer.out_features for layer in layers]
+    if not work.first_token_only:
+        return 2 * sum(macs) * work.tokens
+    last = macs[-LAYER_MATRICES:]
+    tail = last[0] + sum(last[3:])
+    return 2 * ((sum(macs) - tail) * work.tokens + tail * len(work.lengths))
+
+
+def best_peer(records: list[dict[str, Any]], task: str, mix: str, dtype: str) -> tuple[str, float, float] | None:
+    """(best peer, its median seconds, the worker's) in a bench_cpu.py (per task) or bench_minilm.py (embeddings,
+    per dtype) run."""
+    group = [r for r in records if r.get("times") and r["mix"] == mix and r.get("task", "embed") == task
+             and r.get("dtype", dtype) == dtype]
+    peers = [r for r in group if not r["system"].startswith("scorekeeper")]
+    ours = [median(r["times"]) for r in group if r["system"] == "scorekeeper"]
+    if not peers:
+        return None
+    best = min(peers, key=lambda r: median(r["times"]))
+    return best["system"], median(best["times"]), ours[0] if ours else float("nan")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--tasks", default="embed,rerank")
     parser.add_argument("--blocks", default="1024,4096,8192", help="token block sizes to try; the fastest counts")
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--results", type=Path, help="JSON records written by bench_minilm.py --json")
+    parser.add_argument("--results", type=Path, help="JSON records written by bench_cpu.py or bench_minilm.py --json")
     args = parser.parse_args()
-    from scorekeeper_worker.library import minilm_path
+    from scorekeeper_worker.library import FusedLinear, minilm_path
 
     model_dir = minilm_path()
-    layers = linear_layers(model_dir, getattr(torch, args.dtype))
-    macs_per_token = sum(layer.in_features * layer.out_features for layer in layers)
+    dtype = getattr(torch, args.dtype)
+    layers = linear_layers(model_dir, dtype)
+    kernels: list[list[torch.nn.Module]] = [list(layers)]
+    if dtype == torch.float32:
+        kernels.append([FusedLinear(layer) for layer in layers])
+    blocks = [int(b) for b in args.blocks.split(",")]
     records: list[dict[str, Any]] = json.loads(args.results.read_text()) if args.results else []
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.dtype}, "
-          f"{len(layers)} linear layers, {2 * macs_per_token / 1e6:.1f} MFLOP per token\n")
-    print("| mix | tokens | GFLOP | floor s (best block) | GFLOP/s | best peer s | ceiling: best peer / floor |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for mix in MIXES:
-        tokens = make_workload(model_dir, mix, 200, 0)["tokens"]
-        seconds = min(floor_seconds(layers, tokens, int(b), args.reps) for b in args.blocks.split(","))
-        flops = 2 * macs_per_token * tokens
-        peers = [median(r["times"]) for r in records
-                 if r["mix"] == mix and r["dtype"] == args.dtype and r["system"] != "scorekeeper" and r.get("times")]
-        best = f"{min(peers):.3f} | {min(peers) / seconds:.2f}×" if peers else "– | –"
-        print(f"| {mix} | {tokens} | {flops / 1e9:.1f} | {seconds:.3f} | {flops / seconds / 1e9:.0f} | {best} |")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.dtype}, {len(layers)} linear layers, "
+          f"the faster of {len(kernels)} kernels\n")
+    rows = []
+    for task in args.tasks.split(","):
+        for mix in MIXES:
+            work = work_of(task, make_workload(model_dir, mix, 200, 0))
+            seconds = linear_seconds(kernels, work, blocks, args.reps)
+            flop = linear_flop(layers, work)
+            rate = flop / seconds
+            attention = attention_flop(work, layers[0].in_features, len(layers) // LAYER_MATRICES) / rate
+            floor = seconds + attention
+            row = [task, mix, str(work.tokens), f"{flop / 1e9:.1f}", f"{seconds:.3f}", f"{rate / 1e9:.0f}",
+                   f"{attention:.3f}", f"{floor:.3f}"]
+            peer = best_peer(records, task, mix, args.dtype)
+            if peer:
+                name, best, ours = peer
+                row += [f"{name} {best:.3f}", f"{ours:.3f}", f"{best / floor:.2f}×", f"{best / TARGET - floor:.3f}"]
+            elif records:
+                row += ["–"] * 4  # the run did not measure this task and mix
+            rows.append(row)
+    header = ["task", "mix", "tokens", "linear GFLOP", "linear floor s", "GFLOP/s", "attention at that rate s",
+              "floor s"]
+    if records:
+        header += ["best peer s", "scorekeeper s", "ceiling: best peer / floor",
+                   f"left for the rest at {TARGET}× s"]
+    print(markdown_table(header, rows))
 
 
 if __name__ == "__main__":
