@@ -41,9 +41,10 @@ def test_reused_blocks_fault_less_than_with_the_defaults() -> None:
     assert tuned < pages // 10, (tuned, pages)  # the blocks come back from the heap, round after round
     # glibc's defaults fault a share of them in again where its adaptive thresholds keep being crossed (here: 4 to 5
     # times the pages); a CI machine measured as few faults with the defaults as tuned (other kernel or glibc), so
-    # the comparison is asserted only where the defaults do fault.
+    # the comparison is asserted only where the defaults clearly fault. Both counts carry background noise (up to
+    # ~17,000 faults in one CI run, with transparent huge pages "always"), hence a quarter of the pages, not a tenth.
     default = faults("default")
-    if default > pages // 10:
+    if default > pages // 4:
         assert tuned * 3 < default, (tuned, default)
 
 
