@@ -81,14 +81,21 @@ def work_of(task: str, workload: dict[str, Any]) -> Work:
     return Work(workload["lengths"], first_token_only=False)
 
 
+def split_tail(layers: list[torch.nn.Module], work: Work) -> tuple[list[torch.nn.Module], list[torch.nn.Module]]:
+    """(layers over every token, layers over one row per sequence): where only the first token is read, the last
+    layer's query, output and MLP matrices need those rows only."""
+    if not work.first_token_only:
+        return layers, []
+    cut = len(layers) - LAYER_MATRICES
+    tail = {cut, cut + 3, cut + 4, cut + 5}
+    return [m for i, m in enumerate(layers) if i not in tail], [m for i, m in enumerate(layers) if i in tail]
+
+
 def linear_seconds(kernels: list[list[torch.nn.Module]], work: Work, blocks: list[int], reps: int) -> float:
-    """The linear layers' floor: every layer over every token, except, where only the first token is read, the last
-    layer's query, output and MLP matrices over one row per sequence. The fastest kernel and block size count."""
+    """The linear layers' floor (`split_tail`); the fastest kernel and block size count."""
     best = float("inf")
     for layers in kernels:
-        last = layers[-LAYER_MATRICES:]
-        tail = [last[0], *last[3:]] if work.first_token_only else []
-        whole = [layer for layer in layers if not any(layer is t for t in tail)]
+        whole, tail = split_tail(layers, work)
         for block in blocks:
             seconds = floor_seconds(whole, work.tokens, block, reps)
             if tail:
@@ -106,12 +113,9 @@ def attention_flop(work: Work, hidden: int, layers: int) -> int:
 
 
 def linear_flop(layers: list[torch.nn.Module], work: Work) -> int:
-    macs = [layer.in_features * layer.out_features for layer in layers]
-    if not work.first_token_only:
-        return 2 * sum(macs) * work.tokens
-    last = macs[-LAYER_MATRICES:]
-    tail = last[0] + sum(last[3:])
-    return 2 * ((sum(macs) - tail) * work.tokens + tail * len(work.lengths))
+    whole, tail = split_tail(layers, work)
+    return 2 * sum(m.in_features * m.out_features * rows
+                   for part, rows in ((whole, work.tokens), (tail, len(work.lengths))) for m in part)
 
 
 def best_peer(records: list[dict[str, Any]], task: str, mix: str, dtype: str) -> tuple[str, float, float] | None:
