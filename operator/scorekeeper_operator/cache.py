@@ -10,7 +10,8 @@ The API stays the authority. An object the cache does not hold is read from the 
 carries no label of ours: a missing entry never means "free to take"); a spec change, a pass after an error and the
 periodic resync read everything fresh and put it back here (a watch event lost while a stream was down leaves no
 ghost for longer); our own writes go in at once. An older version never replaces a newer one: resourceVersions are
-compared as numbers where they are numbers (etcd's are), and deletions leave a short memory of their version.
+compared as numbers where they are numbers (etcd's are), and deletions leave a short memory of their version: only a
+newer version brings the object back (a DELETED event may carry the last version itself).
 """
 
 from __future__ import annotations
@@ -49,7 +50,10 @@ class WatchCache:
         if version is None:
             return True  # not a number: nothing to compare, the latest word wins
         known = self._objects.get(key)
-        before = _version(known) if known is not None else self._deleted.get(key)
+        if known is None:  # deleted at that version: only a later one (re-created) is news
+            deleted = self._deleted.get(key)
+            return deleted is None or version > deleted
+        before = _version(known)
         return before is None or version >= before
 
     def _store(self, key: Key, obj: dict[str, Any]) -> None:
