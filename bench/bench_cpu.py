@@ -50,11 +50,10 @@ LABELS = {"scorekeeper": "scorekeeper float32 (HTTP)", "scorekeeper-int8": "scor
           "scorekeeper-blocktime0": "scorekeeper float32, KMP_BLOCKTIME=0 (HTTP)",
           "scorekeeper-blocktime1": "scorekeeper float32, KMP_BLOCKTIME=1 (HTTP)",
           "scorekeeper-threads1": "scorekeeper float32, one thread (--threads 1) (HTTP)",
-          "scorekeeper-torch-attention": "scorekeeper float32, torch's attention kernels (HTTP)",
           "vllm": "vLLM CPU (HTTP)", "vllm-bind-all": "vLLM CPU, compute on every core (HTTP)",
           "infinity": "Infinity (HTTP)", "st": "sentence-transformers (in-process)",
           "hf": "transformers padded, batch 32 (in-process)"}
-OURS = ("scorekeeper", "scorekeeper-int8", "scorekeeper-gnu", "scorekeeper-torch-attention", "scorekeeper-blocktime0", "scorekeeper-blocktime1",
+OURS = ("scorekeeper", "scorekeeper-int8", "scorekeeper-gnu", "scorekeeper-blocktime0", "scorekeeper-blocktime1",
         "scorekeeper-threads1")
 
 
@@ -81,8 +80,7 @@ def cpu_description() -> tuple[str, list[str]]:
 
 def start(system: str, task: str, model: Path, threads: int, cpus: set[int]) -> Any:
     if system in OURS:
-        extra = {"scorekeeper-int8": ["--quantization", "int8"], "scorekeeper-gnu": ["--openmp-runtime", "gnu"],
-                 "scorekeeper-torch-attention": ["--no-native-attention"]}
+        extra = {"scorekeeper-int8": ["--quantization", "int8"], "scorekeeper-gnu": ["--openmp-runtime", "gnu"]}
         blocktime = system.removeprefix("scorekeeper-blocktime") if "blocktime" in system else None
         own_threads = 1 if system == "scorekeeper-threads1" else threads
         return http_servers.scorekeeper(system, model, own_threads, cpus, extra.get(system, []),

@@ -93,9 +93,6 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-batch-tokens", "token budget of one packed forward pass")
     add("--onednn-linear", "on CPU in float32, run linear layers through oneDNN on weights prepacked at load, with "
         "the bias and a following GELU fused (--no-onednn-linear: torch's nn.Linear)")
-    add("--native-attention", "on CPU in float32, an encoder's attention through the kernel compiled at install "
-        "(model/kernels/encoder_attention.cpp; AVX-512 or AVX2); where it was not built, or with "
-        "--no-native-attention: torch's kernels")
     add("--max-queue-tokens", "tokens admitted but not yet scored; beyond it requests get 429")
     add("--max-request-bytes", "largest accepted request body; beyond it 413")
     add("--max-request-tokens", "most tokens one request may run through the model once planned (multi-item "

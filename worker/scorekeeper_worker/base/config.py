@@ -73,7 +73,6 @@ class WorkerConfig(BaseModel):
     api_key_file: Path | None = None
     max_batch_tokens: int = Field(8192, ge=16)
     onednn_linear: bool = True
-    native_attention: bool = True
     max_queue_tokens: int = Field(262144, ge=16)
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     max_request_tokens: int = Field(65536, ge=16)

@@ -4,9 +4,8 @@ A packed batch is one row of T tokens, described by an `AttentionLayout` (`model
 (whole sequences, or the shared queries of multi-item groups) and item rows (the items of a multi-item group, which
 see their query and, causally, themselves). Rows are padded per block of similar lengths and gathered with
 fixed-size index tensors, so the cost grows with N·I·(Q+I), never with T² (on CPU, context rows of whole sequences of
-at least 64 tokens attend where they lie in the packed row instead, one fused call per row; an encoder's whole rows,
-short or long, go to the compiled kernel of `native.py` where it is built and switched on, one call per layer).
-Each block is one attention call (`attention_kernels.tiled`: on CPU the fused flash kernel, which also returns the log-sum-exp):
+at least 64 tokens attend where they lie in the packed row instead, one fused call per row). Each block is one
+attention call (`attention_kernels.tiled`: on CPU the fused flash kernel, which also returns the log-sum-exp):
 decoder rows need no mask at all (rows are right-padded, so causality hides padding keys from every real query),
 encoder rows a key-padding mask only where a block has padding, sliding windows a mask from position ids, and an
 item's two views (its query, itself; a child item's three, with its parent item) are calls merged exactly by their
@@ -24,7 +23,6 @@ from __future__ import annotations
 import torch
 from transformers import AttentionInterface
 
-from scorekeeper_worker.model.kernels import native
 from scorekeeper_worker.model.kernels.flex import flex_packed_attention
 from scorekeeper_worker.model.kernels.layout import (
     AttentionLayout,
@@ -108,15 +106,6 @@ def _item_to_query(q_rows: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, blo
     return attend(q_rows, kc[block.context], vc[block.context], mask, False, scale, softcap)
 
 
-def _native_rows(layout: AttentionLayout) -> tuple[set[int], torch.Tensor]:
-    """The context blocks of whole rows the compiled kernel takes (`native.max_keys()` tokens at most), and all
-    their rows' (first packed token, length) as one tensor: one call per layer for all of them."""
-    longest = native.max_keys()
-    taken = {i for i, b in enumerate(layout.context_blocks) if b.spans and b.token_index.shape[1] <= longest}
-    spans = [span for i in sorted(taken) for span in layout.context_blocks[i].spans]
-    return taken, torch.tensor(spans, dtype=torch.int64).reshape(-1, 2)
-
-
 def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                      softcap: float | None = None, sliding_window: int | None = None,
@@ -144,14 +133,7 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
         return o.transpose(1, 2), None
 
     out = torch.empty(tokens + 1, heads, dim, dtype=q.dtype, device=q.device)  # row `tokens` takes padding
-    natively: set[int] = set()
-    if native.eligible(module, q, groups, causal, window, softcap):
-        natively, spans = layout.cached(("native",), lambda: _native_rows(layout))  # type: ignore[misc]
-        if natively:
-            native.attend_spans(q, k, v, spans, out, scale)
     for i, block in enumerate(layout.context_blocks):
-        if i in natively:
-            continue
         if block.spans and in_place(q.device, softcap, window, block.token_index.shape[1]):
             attend_spans(query, key, value, block.spans, out, causal, scale)
             continue

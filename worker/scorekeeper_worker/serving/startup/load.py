@@ -21,7 +21,6 @@ from scorekeeper_worker.model.kernels.flex import resolve_backend
 from scorekeeper_worker.model.loader import ModelKind, ScoringModel, load_model
 from scorekeeper_worker.model.templates.decision_template import DecisionTemplate, resolve_decision_template
 from scorekeeper_worker.model.templates.prompt_template import load_template, resolve_label_tokens
-from scorekeeper_worker.model.kernels import native
 from scorekeeper_worker.model.trunk_patches import fuse_linears
 from scorekeeper_worker.serving.service import Served
 from scorekeeper_worker.serving.startup import (
@@ -54,13 +53,6 @@ def load(config: WorkerConfig, metrics: WorkerMetrics) -> Served:
     if config.onednn_linear and model.device.type == "cpu" and model.dtype == torch.float32 and \
             config.quantization == Quantization.NONE:  # int8 converts the plain float32 modules
         log.info("oneDNN linear layers: %d", fuse_linears(model.trunk))
-    if config.native_attention and model.device.type == "cpu" and model.dtype == torch.float32 and \
-            config.quantization == Quantization.NONE:
-        unavailable = native.available()
-        if unavailable is None:
-            log.info("native attention (%s): %d modules", native.instruction_set(), native.enable(model.trunk))
-        else:
-            log.info("native attention: off, %s", unavailable)
     decision_template = _prompt(config, model)
     delimiter = config.multi_item_scoring_delimiter
     if delimiter is not None and delimiter >= model.model.get_input_embeddings().num_embeddings:
