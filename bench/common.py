@@ -203,7 +203,8 @@ class Peer:
     """A peer system in its own process (`bench/peers.py`), driven one repetition per `run()` call."""
 
     def __init__(self, system: str, model: Path | str, dtype: str, workload: dict[str, Any],
-                 python: Path | str | None = None, options: dict[str, Any] | None = None) -> None:
+                 python: Path | str | None = None, options: dict[str, Any] | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.system = system
         self.workload_file = tempfile.NamedTemporaryFile("w", prefix="bench-workload-", suffix=".json", delete=False)  # noqa: SIM115
         json.dump(workload, self.workload_file)
@@ -213,7 +214,7 @@ class Peer:
                "--dtype", dtype, "--workload", self.workload_file.name, "--options", json.dumps(options or {})]
         log(f"starting peer {system} ({dtype}) with {cmd[0]}")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-                                     text=True, env=child_env(), start_new_session=True)
+                                     text=True, env=child_env(env), start_new_session=True)
         self.info = self._read()  # the peer reports {"ready": ..., versions} once loaded
 
     def _read(self) -> dict[str, Any]:

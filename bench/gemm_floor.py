@@ -7,9 +7,11 @@ the rest of the last layer (the worker does that much; it is the least any serve
 those products with the model's real weights on packed token blocks (no padding, no attention, no activations), with
 the faster of torch's `nn.Linear` (MKL) and the worker's prepacked oneDNN linear, at the benchmark's thread count. It
 adds the attention products (scores and values, each sequence alone) as if they ran at the linear layers' rate,
-which no kernel for 32-wide heads does. Given the JSON records of a bench_cpu.py or bench_minilm.py run, it prints
-the most any server using these kernels could gain on the best peer of that run (best peer seconds / floor), and
-what a ratio of 1.15× would leave for everything else (tokenization, softmax, norms, copies, HTTP).
+which no kernel for 32-wide heads does, and the norms and softmax every forward also runs, with torch's kernels
+(`rest_seconds`). Given the JSON records of a bench_cpu.py or bench_minilm.py run, it prints the most any server
+using these kernels could gain on the best peer of that run (best peer seconds / floor), and what a ratio of 1.15×
+would leave for everything else (tokenization, copies, HTTP, the kernels' own losses). The machine's speed moves
+between minutes on a shared VM: `bench_cpu.py --systems …,floor` times the same floor in the benchmark's own rounds.
 
     .venv/bin/python bench/gemm_floor.py
     .venv/bin/python bench/gemm_floor.py --results run.json     # with the ceiling against a benchmark run
@@ -112,6 +114,36 @@ def attention_flop(work: Work, hidden: int, layers: int) -> int:
     return (layers - 1) * full + last
 
 
+@torch.inference_mode()
+def rest_seconds(work: Work, hidden: int, heads: int, layers: int, reps: int) -> float:
+    """What a forward also runs besides the matrix products, with torch's own kernels (every peer uses them or its
+    own of the same kind): the embeddings' sum and layer norm, each layer's two residual adds and layer norms over
+    every token, and the softmax of every sequence's scores per head, exponentials included. Where only the first
+    token is read, the last layer's scores are that token's row and its norms the pooled rows'. Median of `reps`."""
+    rows, sequences = work.tokens, len(work.lengths)
+    x, residual = torch.randn(rows, hidden), torch.randn(rows, hidden)
+    weight, bias = torch.ones(hidden), torch.zeros(hidden)
+    full = layers - 1 if work.first_token_only else layers
+    scores = {n: torch.randn(heads, n, n) for n in set(work.lengths)}
+    last = {n: torch.randn(heads, 1 if work.first_token_only else n, n) for n in set(work.lengths)}
+
+    def norm(tokens: int) -> None:
+        torch.nn.functional.layer_norm(x[:tokens] + residual[:tokens], (hidden,), weight, bias)
+
+    def once() -> float:
+        started = time.perf_counter()
+        norm(rows)
+        for layer in range(layers):
+            for n in work.lengths:
+                torch.softmax(scores[n] if layer < full else last[n], dim=-1)
+            for _ in range(2):
+                norm(rows if layer < full else sequences)
+        return time.perf_counter() - started
+
+    once()
+    return median([once() for _ in range(reps)])
+
+
 def linear_flop(layers: list[torch.nn.Module], work: Work) -> int:
     whole, tail = split_tail(layers, work)
     return 2 * sum(m.in_features * m.out_features * rows
@@ -123,7 +155,7 @@ def best_peer(records: list[dict[str, Any]], task: str, mix: str, dtype: str) ->
     per dtype) run."""
     group = [r for r in records if r.get("times") and r["mix"] == mix and r.get("task", "embed") == task
              and r.get("dtype", dtype) == dtype]
-    peers = [r for r in group if not r["system"].startswith("scorekeeper")]
+    peers = [r for r in group if not r["system"].startswith("scorekeeper") and r["system"] != "floor"]
     ours = [median(r["times"]) for r in group if r["system"] == "scorekeeper"]
     if not peers:
         return None
@@ -140,10 +172,12 @@ def main() -> None:
     parser.add_argument("--results", type=Path, help="JSON records written by bench_cpu.py or bench_minilm.py --json")
     args = parser.parse_args()
     from scorekeeper_worker.library import FusedLinear, minilm_path
+    from transformers import AutoConfig
 
     model_dir = minilm_path()
     dtype = getattr(torch, args.dtype)
     layers = linear_layers(model_dir, dtype)
+    heads = AutoConfig.from_pretrained(model_dir).num_attention_heads
     kernels: list[list[torch.nn.Module]] = [list(layers)]
     if dtype == torch.float32:
         kernels.append([FusedLinear(layer) for layer in layers])
@@ -158,10 +192,12 @@ def main() -> None:
             seconds = linear_seconds(kernels, work, blocks, args.reps)
             flop = linear_flop(layers, work)
             rate = flop / seconds
-            attention = attention_flop(work, layers[0].in_features, len(layers) // LAYER_MATRICES) / rate
-            floor = seconds + attention
+            hidden, depth = layers[0].in_features, len(layers) // LAYER_MATRICES
+            attention = attention_flop(work, hidden, depth) / rate
+            rest = rest_seconds(work, hidden, heads, depth, args.reps)
+            floor = seconds + attention + rest
             row = [task, mix, str(work.tokens), f"{flop / 1e9:.1f}", f"{seconds:.3f}", f"{rate / 1e9:.0f}",
-                   f"{attention:.3f}", f"{floor:.3f}"]
+                   f"{attention:.3f}", f"{rest:.3f}", f"{floor:.3f}"]
             peer = best_peer(records, task, mix, args.dtype)
             if peer:
                 name, best, ours = peer
@@ -170,7 +206,7 @@ def main() -> None:
                 row += ["–"] * 4  # the run did not measure this task and mix
             rows.append(row)
     header = ["task", "mix", "tokens", "linear GFLOP", "linear floor s", "GFLOP/s", "attention at that rate s",
-              "floor s"]
+              "norms and softmax s", "floor s"]
     if records:
         header += ["best peer s", "scorekeeper s", "ceiling: best peer / floor",
                    f"left for the rest at {TARGET}× s"]

@@ -1,10 +1,12 @@
-"""bench/gemm_floor.py: the floor it reports covers exactly the model's dense layers over every token."""
+"""bench/gemm_floor.py: the floor it reports covers exactly the model's dense layers over every token, and the norms
+and softmax every forward runs besides them."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
@@ -71,3 +73,21 @@ def test_best_peer_reads_bench_cpu_and_bench_minilm_records() -> None:
     name, seconds, _ = gemm_floor.best_peer(minilm_run, "embed", "long", "float32") or ("", 0.0, 0.0)
     assert (name, seconds) == ("st", 4.0)
     assert gemm_floor.best_peer(minilm_run, "rerank", "long", "float32") is None
+
+
+@pytest.mark.parametrize("first_token_only", [False, True])
+def test_the_rest_is_every_layers_norms_and_every_sequences_softmax(monkeypatch: pytest.MonkeyPatch,
+                                                                    first_token_only: bool) -> None:
+    softmaxes: list[tuple[int, ...]] = []
+    norms: list[int] = []
+    softmax, layer_norm = torch.softmax, torch.nn.functional.layer_norm
+    monkeypatch.setattr(torch, "softmax", lambda t, dim: softmaxes.append(tuple(t.shape)) or softmax(t, dim=dim))
+    monkeypatch.setattr(torch.nn.functional, "layer_norm",
+                        lambda t, *args: norms.append(t.shape[0]) or layer_norm(t, *args))
+    work = gemm_floor.Work([3, 5], first_token_only)
+    assert gemm_floor.rest_seconds(work, hidden=8, heads=2, layers=2, reps=1) > 0
+    last_rows = 1 if first_token_only else None  # a cross-encoder's last layer: the first token's scores and rows
+    one_pass_softmaxes = [(2, 3, 3), (2, 5, 5), (2, last_rows or 3, 3), (2, last_rows or 5, 5)]
+    one_pass_norms = [8, 8, 8, *([2, 2] if first_token_only else [8, 8])]  # the embeddings', then two per layer
+    assert softmaxes == one_pass_softmaxes * 2  # a warm-up and one timed pass
+    assert norms == one_pass_norms * 2
