@@ -47,14 +47,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import http_servers
 from bench_minilm import MIXES, make_workload
 from common import AVX2_CAP, REPO, Peer, background_load, log, markdown_table, max_abs_diff, median, set_threads
+from gemm_floor import FLOOR, TARGET
 from idle import SETTLE_TIMEOUT_S, settle
 
 CROSS_ENCODER_DIR = REPO / ".cache" / "models" / "minilm-cross-encoder"
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
-IN_PROCESS = {"rerank": {"st": "st-cross", "hf": "hf-cross", "floor": "floor"},
-              "embed": {"st": "st", "hf": "hf", "floor": "floor"}}
-TARGET = 1.15  # issue 37: float32 at least 1.15× the best peer
-FLOOR = "floor"  # not a peer: the matrix products, norms and softmax (peers.FloorPeer), for the ceiling
+IN_PROCESS = {"rerank": {"st": "st-cross", "hf": "hf-cross", FLOOR: FLOOR},
+              "embed": {"st": "st", "hf": "hf", FLOOR: FLOOR}}
 LABELS = {"scorekeeper": "scorekeeper float32 (HTTP)", "scorekeeper-int8": "scorekeeper int8 (HTTP)",
           "scorekeeper-gnu": "scorekeeper float32, libgomp (--openmp-runtime gnu) (HTTP)",
           "scorekeeper-blocktime0": "scorekeeper float32, KMP_BLOCKTIME=0 (HTTP)",

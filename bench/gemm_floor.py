@@ -60,6 +60,7 @@ def floor_seconds(layers: list[torch.nn.Module], tokens: int, block: int, reps: 
 
 
 TARGET = 1.15  # issue 37: float32 at least 1.15× the best peer
+FLOOR = "floor"  # bench_cpu.py's system name for the floor (peers.FloorPeer): never a peer
 LAYER_MATRICES = 6  # query, key, value, attention output, MLP in, MLP out
 
 
@@ -150,12 +151,37 @@ def linear_flop(layers: list[torch.nn.Module], work: Work) -> int:
                    for part, rows in ((whole, work.tokens), (tail, len(work.lengths))) for m in part)
 
 
+@dataclass(frozen=True)
+class Floor:
+    """The floor of one request: the linear layers as timed (at `rate` FLOP/s), the attention products counted at
+    that rate, and the norms and softmax (`rest_seconds`)."""
+
+    linear: float
+    rate: float
+    attention: float
+    rest: float
+
+    @property
+    def seconds(self) -> float:
+        return self.linear + self.attention + self.rest
+
+
+def floor_of(kernels: list[list[torch.nn.Module]], heads: int, work: Work, blocks: list[int], reps: int) -> Floor:
+    """The floor of `work` with the fastest of `kernels` (each the same model's linear layers) and `blocks`."""
+    layers = kernels[0]
+    seconds = linear_seconds(kernels, work, blocks, reps)
+    rate = linear_flop(layers, work) / seconds
+    hidden, depth = layers[0].in_features, len(layers) // LAYER_MATRICES
+    return Floor(seconds, rate, attention_flop(work, hidden, depth) / rate,
+                 rest_seconds(work, hidden, heads, depth, reps))
+
+
 def best_peer(records: list[dict[str, Any]], task: str, mix: str, dtype: str) -> tuple[str, float, float] | None:
     """(best peer, its median seconds, the worker's) in a bench_cpu.py (per task) or bench_minilm.py (embeddings,
     per dtype) run."""
     group = [r for r in records if r.get("times") and r["mix"] == mix and r.get("task", "embed") == task
              and r.get("dtype", dtype) == dtype]
-    peers = [r for r in group if not r["system"].startswith("scorekeeper") and r["system"] != "floor"]
+    peers = [r for r in group if not r["system"].startswith("scorekeeper") and r["system"] != FLOOR]
     ours = [median(r["times"]) for r in group if r["system"] == "scorekeeper"]
     if not peers:
         return None
@@ -189,19 +215,14 @@ def main() -> None:
     for task in args.tasks.split(","):
         for mix in MIXES:
             work = work_of(task, make_workload(model_dir, mix, 200, 0))
-            seconds = linear_seconds(kernels, work, blocks, args.reps)
-            flop = linear_flop(layers, work)
-            rate = flop / seconds
-            hidden, depth = layers[0].in_features, len(layers) // LAYER_MATRICES
-            attention = attention_flop(work, hidden, depth) / rate
-            rest = rest_seconds(work, hidden, heads, depth, args.reps)
-            floor = seconds + attention + rest
-            row = [task, mix, str(work.tokens), f"{flop / 1e9:.1f}", f"{seconds:.3f}", f"{rate / 1e9:.0f}",
-                   f"{attention:.3f}", f"{rest:.3f}", f"{floor:.3f}"]
+            floor = floor_of(kernels, heads, work, blocks, args.reps)
+            row = [task, mix, str(work.tokens), f"{floor.linear * floor.rate / 1e9:.1f}", f"{floor.linear:.3f}",
+                   f"{floor.rate / 1e9:.0f}", f"{floor.attention:.3f}", f"{floor.rest:.3f}", f"{floor.seconds:.3f}"]
             peer = best_peer(records, task, mix, args.dtype)
             if peer:
                 name, best, ours = peer
-                row += [f"{name} {best:.3f}", f"{ours:.3f}", f"{best / floor:.2f}×", f"{best / TARGET - floor:.3f}"]
+                row += [f"{name} {best:.3f}", f"{ours:.3f}", f"{best / floor.seconds:.2f}×",
+                        f"{best / TARGET - floor.seconds:.3f}"]
             elif records:
                 row += ["–"] * 4  # the run did not measure this task and mix
             rows.append(row)

@@ -201,11 +201,9 @@ class FloorPeer:
         import gemm_floor
         from scorekeeper_worker.library import FusedLinear
         from scorekeeper_worker.serving.startup.cpu_memory import keep_freed_memory
-
-        keep_freed_memory()  # the worker's allocator thresholds: fresh outputs are not page-faulted in every time
-
         from transformers import AutoConfig
 
+        keep_freed_memory()  # the worker's allocator thresholds: fresh outputs are not page-faulted in every time
         self.floor, self.task = gemm_floor, options["task"]
         self.heads = AutoConfig.from_pretrained(model).num_attention_heads
         layers = gemm_floor.linear_layers(Path(model), torch_dtype(dtype))
@@ -213,15 +211,10 @@ class FloorPeer:
         self.faster: dict[int, list[torch.nn.Module]] = {}  # per workload (token count): the first run decides
 
     def run(self, workload: dict[str, Any]) -> Timed:
-        floor, layers = self.floor, self.kernels[0]
-        work = floor.work_of(self.task, workload)
+        floor, work = self.floor, self.floor.work_of(self.task, workload)
         if work.tokens not in self.faster:
             self.faster[work.tokens] = min(self.kernels, key=lambda k: floor.linear_seconds([k], work, [self.BLOCK], 1))
-        seconds = floor.linear_seconds([self.faster[work.tokens]], work, [self.BLOCK], 3)
-        rate = floor.linear_flop(layers, work) / seconds
-        hidden, depth = layers[0].in_features, len(layers) // floor.LAYER_MATRICES
-        rest = floor.rest_seconds(work, hidden, self.heads, depth, 3)
-        return Timed([], seconds + floor.attention_flop(work, hidden, depth) / rate + rest)
+        return Timed([], floor.floor_of([self.faster[work.tokens]], self.heads, work, [self.BLOCK], 3).seconds)
 
 
 SYSTEMS = {"st": SentenceTransformersPeer, "floor": FloorPeer, "hf": TransformersPaddedPeer, "infinity": InfinityPeer,
