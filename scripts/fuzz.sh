@@ -4,7 +4,7 @@
 #
 #   scripts/fuzz.sh                    # EXAMPLES=5000 per operation, a random seed
 #   SEED=123 EXAMPLES=800 MIN_CASES=0 scripts/fuzz.sh   # replay a seed, shorter
-#   MODEL=qwen3-causal scripts/fuzz.sh # another tiny model (tests/tiny_models.py)
+#   MODEL=qwen3-causal scripts/fuzz.sh # another tiny model (tests/support/tiny_models.py)
 #
 # The checks' configuration (and the one allowance it makes) is shared with CI: tests/fuzz/schemathesis.toml.
 set -euo pipefail

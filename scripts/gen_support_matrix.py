@@ -29,7 +29,7 @@ edit. -->
 The worker serves exactly these architectures, as exactly these kinds, and refuses to start on anything else with a
 message that names the model's architecture and this list. "Supported" means three things: the engine implements
 everything the architecture needs (its attention features, pooling and head), a tiny random model of every row is
-scored in CI against plain transformers forwards (`tests/tiny_models.py`,
+scored in CI against plain transformers forwards (`tests/support/tiny_models.py`,
 `tests/worker/serving/test_score_equivalence.py`, `tests/worker/model/test_support_matrix.py`: equal to 1e-4 in
 float32, alone and packed with other requests' sequences,
 and multi-item = single-item for decoders), and every worker proves its own model at start-up against transformers

@@ -16,7 +16,7 @@ import tiny_models
 from serving import RunningServer
 from transformers_loads import serialize_loads
 
-serialize_loads()  # before any test loads a model (tests/transformers_loads.py)
+serialize_loads()  # before any test loads a model (tests/support/transformers_loads.py)
 
 
 @pytest.fixture(scope="session")

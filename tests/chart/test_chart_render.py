@@ -184,8 +184,8 @@ def test_service_account_is_the_one_bound_and_used(values_name: str, rendered: R
 
 
 def test_service_monitor_scrapes_the_port_the_operator_serves_metrics_on() -> None:
-    """The operator is told (SCOREKEEPER_METRICS_PORT) to serve /metrics on the container port the Service targets
-    and the ServiceMonitor scrapes; tests/operator/test_operator_main.py scrapes a real operator on that variable."""
+    """The operator is told (SCOREKEEPER_METRICS_PORT) to serve /metrics on the container port the Service targets and
+    the ServiceMonitor scrapes; tests/operator/units/test_operator_main.py scrapes a real operator on that variable."""
     rendered = render(VALUES["full"])
     served = OperatorSettings.from_env(rendered.env).metrics_port
     service, monitor = rendered.one("Service"), rendered.one("ServiceMonitor")

@@ -2,7 +2,8 @@
 is granted that no call needs (beyond the documented extras below).
 
 The calls are not listed by hand. They come from running the real operator (kopf + our handlers) against the KMock
-emulator through a scenario that walks every code path that touches the API (tests/operator/operator_scenario.py):
+emulator through a scenario that walks every code path that touches the API
+(tests/operator/support/operator_scenario.py):
  - cluster-wide (the chart's default): `record_operator_api_calls()`, the operator tests' own recorder;
  - namespaced (`operator.watchNamespaces`): the same scenario with the operator restricted to one namespace, read
    from the emulator's raw request log, which also tells which namespace each call was made in (Role or
@@ -13,14 +14,11 @@ Discovery requests (/api, /apis/...) are not resources: every authenticated user
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import pytest
-from chart_render import REPO, Rendered, render
-
-sys.path.insert(0, str(REPO / "tests" / "operator"))
+from chart_render import Rendered, render
 from harness import running_cluster, running_operator
 from kmock_ext import HARNESS_HEADER, ApiCall
 from operator_scenario import NAMESPACE, exercise, record_operator_api_calls

@@ -1,7 +1,7 @@
 """Conformance of /v1/decisions and /v1/systemone over HTTP: hypothesis draws an input and questions of every kind
 (predicate / noul, choice, score; options of one word or several, with descriptions or without), the same questions
 in both wire formats, sent by concurrent clients held behind one batch; every answer must equal the per-question
-reference of tests/decision_reference.py (the documented prompt through the tokenizer's own chat template, each
+reference of tests/support/decision_reference.py (the documented prompt through the tokenizer's own chat template, each
 option scored by plain transformers) to 1e-4, and a request is refused with a 400 exactly when the reference cannot
 score it (a token past the embedding rows, in the input, a question or an option)."""
 
@@ -15,13 +15,13 @@ from typing import Any
 import decision_reference
 import httpx
 import pytest
-from conformance.compare import ATOL
-from conformance.hypothesis_profile import conformance
-from conformance.subjects import Subject, subject
-from conformance.variants import VARIANTS
+from compare import ATOL
 from hypothesis import assume, given
 from hypothesis import strategies as st
+from hypothesis_profile import conformance
 from serving import BatchGate, RunningServer, wait_until
+from subjects import Subject, subject
+from variants import VARIANTS
 
 DECIDED = ["qwen3-causal-oversized", "gemma2-causal-decisions"]
 Question = tuple[str, str, list[tuple[str, str | None]]]  # kind (predicate, choice, score), instructions, options

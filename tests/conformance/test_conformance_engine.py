@@ -1,9 +1,9 @@
-"""Conformance through the real engine: for every variant (tests/conformance/variants.py, the sentence-transformers
-directories included), hypothesis generates batches of co-tenant requests (text with special, pad, EOS and SEP tokens
-inside, token ids, lengths up to and past the maximum, pairs, multi-item scoring with and without a delimiter, prompt
-templates, truncation; /v1/embeddings bodies with or without a prompt_name beside /v1/score ones for embedding
-models), plans them as the server does and runs all of them as ONE packed batch; every score and vector must equal
-the reference (transformers, one sequence per forward, its text-classification pipeline, or sentence-transformers)
+"""Conformance through the real engine: for every variant (tests/conformance/support/variants.py, the
+sentence-transformers directories included), hypothesis generates batches of co-tenant requests (text with special, pad,
+EOS and SEP tokens inside, token ids, lengths up to and past the maximum, pairs, multi-item scoring with and without a
+delimiter, prompt templates, truncation; /v1/embeddings bodies with or without a prompt_name beside /v1/score ones for
+embedding models), plans them as the server does and runs all of them as ONE packed batch; every score and vector must
+equal the reference (transformers, one sequence per forward, its text-classification pipeline, or sentence-transformers)
 to 1e-4 relative, and every refusal must be one the reference predicts."""
 
 from __future__ import annotations
@@ -12,18 +12,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conformance import strategies
-from conformance.compare import check
-from conformance.expected import expected
-from conformance.hypothesis_profile import conformance
-from conformance.subjects import subject
-from conformance.variants import SENTENCE_VARIANTS, VARIANTS, SentenceVariant, Variant
+import strategies
+from compare import check
 from engine_runs import outcomes, request_for
+from expected import expected
 from hypothesis import given
 from hypothesis import strategies as st
+from hypothesis_profile import conformance
 from scorekeeper_worker.base.errors import Invalid
 from scorekeeper_worker.model.support import supported_architectures
+from subjects import subject
 from tiny_models import SPECS
+from variants import SENTENCE_VARIANTS, VARIANTS, SentenceVariant, Variant
 
 
 def test_every_supported_architecture_has_a_variant() -> None:

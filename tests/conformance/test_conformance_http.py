@@ -1,5 +1,5 @@
 """Conformance over HTTP: a real server on loopback per variant, concurrent clients whose requests are held behind
-one batch (tests/serving.BatchGate) so that they are co-tenants of the next one; every 200 must hold the
+one batch (tests/support/serving.BatchGate) so that they are co-tenants of the next one; every 200 must hold the
 reference's scores (for /v1/rerank: its relevance and ranking) and every refusal must be a 400 the reference
 predicts. Zero wrong scores with a 200."""
 
@@ -12,16 +12,16 @@ from typing import Any
 
 import httpx
 import pytest
-from conformance import strategies
-from conformance.compare import check
-from conformance.expected import expected
-from conformance.expected_rerank import check_ranking, relevance
-from conformance.hypothesis_profile import conformance
-from conformance.subjects import Subject, subject
-from conformance.variants import SENTENCE_VARIANTS, VARIANTS, SentenceVariant, Variant
+import strategies
+from compare import check
+from expected import expected
+from expected_rerank import check_ranking, relevance
 from hypothesis import given
 from hypothesis import strategies as st
+from hypothesis_profile import conformance
 from serving import BatchGate, RunningServer, wait_until
+from subjects import Subject, subject
+from variants import SENTENCE_VARIANTS, VARIANTS, SentenceVariant, Variant
 
 DELIMITER = 3  # a token of every tiny vocabulary
 SERVED = {"qwen2-reward-longrope": {"multi_item_scoring_delimiter": DELIMITER},

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conformance.compare import check
-from conformance.expected import expected
-from conformance.subjects import subject
-from conformance.variants import SENTENCE_VARIANTS, VARIANTS
+from compare import check
 from engine_runs import outcomes, request_for
+from expected import expected
 from scorekeeper_worker.base.errors import Invalid
+from subjects import subject
+from variants import SENTENCE_VARIANTS, VARIANTS
 
 REGRESSIONS: list[tuple[str, list[dict[str, Any]], int | None]] = [
     ("xlmr-embed-plain", [{"query": "", "items": ["<pad>"]}], None),

@@ -1,8 +1,8 @@
 """Pure rendering of the worker pod template: container, probes, resources, security, shutdown, scheduling, knobs.
 
-Every pod meets the Pod Security "restricted" profile (tests/operator/pod_security.py checks each rule): non-root
-numeric user, RuntimeDefault seccomp, all capabilities dropped, no privilege escalation, only restricted-profile
-volume types. Beyond the profile: a read-only root filesystem (tmp and caches are emptyDirs) and no service-account
+Every pod meets the Pod Security "restricted" profile (tests/operator/support/pod_security.py checks each rule):
+non-root numeric user, RuntimeDefault seccomp, all capabilities dropped, no privilege escalation, only
+restricted-profile volume types. Beyond the profile: a read-only root filesystem (tmp and caches are emptyDirs) and no service-account
 token (the worker never calls the Kubernetes API).
 """
 

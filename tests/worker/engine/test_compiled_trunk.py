@@ -32,8 +32,7 @@ from scorekeeper_worker.engine.runner.packing import PackUnit, build_inputs
 from scorekeeper_worker.model.kernels.attention import LayoutKind
 from scorekeeper_worker.model.loader import ScoringModel, load_model
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
-import gpu_mis
+from bench.gpu import gpu_mis
 
 CPU = torch.device("cpu")
 needs_compiler = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("g++") is None,

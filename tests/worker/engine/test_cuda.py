@@ -1,7 +1,7 @@
 """GPU checks (marked `cuda`, skipped without an NVIDIA GPU): captured graphs replay like eager for every bucket,
 FlexAttention compiled through Triton equals the row-block reference, pinned copies return the right values.
 
-bench/gpu_check.py runs the same checks plus timings in one command; see docs/gpu.md."""
+bench/gpu/gpu_check.py runs the same checks plus timings in one command; see docs/gpu.md."""
 
 from __future__ import annotations
 

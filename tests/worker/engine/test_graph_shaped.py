@@ -70,7 +70,7 @@ def batches_for(model: ScoringModel, bucket: int, delimiter: int | None, buckets
                 max_seqs: int = MAX_SEQS) -> dict[str, list[PackUnit]]:
     """Batches of one kind each (single-item, multi-item, mixed), sized to land in `bucket` of `buckets` (more
     tokens than the next smaller bucket holds) with at most `max_seqs` pooled vectors. Also used by test_cuda.py
-    and bench/gpu_check.py."""
+    and bench/gpu/gpu_check.py."""
     rng = random.Random(bucket)
     low = max((b for b in buckets if b < bucket), default=0)
     target = rng.randint(max(low + 1, 24), bucket)

@@ -2,7 +2,7 @@
 (`default_prompt_name`, `prompts`, a request's `prompt_name`, `include_prompt`), `max_seq_length` wherever it is
 stored, both pooling file formats, Normalize, last-token pooling (Qwen3-Embedding checkpoints saved as
 `Qwen3ForCausalLM`), `similarity_fn_name`; what the engine does not implement is refused at start-up, naming the key.
-The variants are written by sentence-transformers 6.2 itself (tests/st_variants.py)."""
+The variants are written by sentence-transformers 6.2 itself (tests/support/st_variants.py)."""
 
 from __future__ import annotations
 

@@ -70,7 +70,7 @@ def test_each_field_that_holds_the_token_is_named(unembedded: tuple[RunningServe
 
 def test_mixed_with_bad_clients_every_other_request_is_exact(unembedded: tuple[RunningServer, Any, Any]) -> None:
     """200 requests from 32 concurrent clients, every 7th holding the token: 29 get a 400, the 171 others a 200
-    equal to transformers (scores, and decisions against tests/decision_reference.py)."""
+    equal to transformers (scores, and decisions against tests/support/decision_reference.py)."""
     server, model, tok = unembedded
     prompt = {t: decision_reference.prompt_ids(tok, [{"role": "user", "content": t}], decision_reference.question_text(
         "choice", "Pick one.", [("red", None), ("blue green", None)])) for t in TEXTS}

@@ -5,7 +5,7 @@ are merged by it). On CPU without softcapping it is the fused flash kernel; a bl
 windows, key padding seen by non-causal rows) gets it one tile of queries at a time. `attend_output` is for rows
 that need no log-sum-exp (whole sequences): short float32 rows on CPU take two batched matrix products and a
 softmax per tile of rows instead, faster than the flash kernel's per-row and per-head work on short rows
-(bench/bench_attention.py). Whole rows that lie as runs of packed tokens skip the gather altogether
+(bench/cpu/bench_attention.py). Whole rows that lie as runs of packed tokens skip the gather altogether
 (`attend_spans`: the fused kernel on each row's slice, from `IN_PLACE_MIN_KEYS` keys). Softcapping (Gemma2), other
 devices and CUDA-graph buckets take the explicit float32 path, also one tile of queries at a time, so no call holds
 more than `TILE_ELEMENTS` scores or mask entries: a 32k-token item costs tiles, not a 32k × 32k matrix per head.

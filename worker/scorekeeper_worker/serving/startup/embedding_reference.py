@@ -6,7 +6,7 @@ worker image and would load the weights a second time).
 encode: the prompt (a request's, else `default_prompt_name`) prepended to the text, lower-cased with
 `do_lower_case`, `tokenizer(..., truncation=True, max_length=max_seq_length)`, the model's own forward alone, the
 pooling of 1_Pooling/config.json (prompt tokens left out with `include_prompt: false`), Normalize, `truncate_dim`;
-scores by `similarity_fn_name`. tests/worker/serving/test_self_check_embeddings.py holds it equal to
+scores by `similarity_fn_name`. tests/worker/serving/startup/test_self_check_embeddings.py holds it equal to
 sentence-transformers on every configuration variant. The self-check also runs text probes (every prompt, a text
 over max_seq_length) through the engine and this reference (`engine_rows`, `reference_rows`)."""
 
