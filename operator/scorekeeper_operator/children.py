@@ -28,6 +28,7 @@ from scorekeeper_operator.k8s import (
     ForbiddenError,
     KubeApi,
     RejectedError,
+    TransientApiError,
 )
 from scorekeeper_operator.pacing import Decision, Pacer, paced_annotations
 from scorekeeper_operator.render.drift import applies_field, contains, left_out, owned_by
@@ -37,6 +38,7 @@ from scorekeeper_operator.render.manifests import (
     OPTIONAL_KINDS,
     Rendered,
     desired_replicas,
+    owner_reference,
     selector_string,
 )
 from scorekeeper_operator.spec.model import ScoringModel
@@ -66,7 +68,7 @@ def refusal(action: str, kind: str, name: str, error: ApiError) -> ConfigError:
 class Converged:
     error: ConfigError | None = None
     held: dict[str, Any] | None = None  # the live Deployment of a model waiting for a rollout slot
-    adopted: list[str] = field(default_factory=list)  # kinds of the children adopted from a stale owner uid
+    adopted: list[str] = field(default_factory=list)  # kinds of the children this pass adopted from a stale owner
 
 
 class Children:
@@ -136,6 +138,12 @@ class Children:
                 return Converged(ConfigError("ChildConflict", f"{kind} {model.namespace}/{model.name} exists and is"
                                              " not owned by this ScoringModel; rename the ScoringModel or remove that"
                                              " object (the operator looks again, with backoff)"))
+        for kind in adopted:
+            try:
+                live[kind] = await self._adopt(kind, live[kind], model)  # type: ignore[arg-type]
+            except ForbiddenError as error:
+                return Converged(refusal("adopt", kind, model.name, error))
+            wrote.append(f"adopt {kind}")
         wanted = {m["kind"] for m in rendered.manifests}
         for kind in OPTIONAL_KINDS:  # first: an HPA of ours must be gone before KEDA's webhook admits a ScaledObject
             stale = None if kind in wanted else await self._optional(kind)
@@ -152,8 +160,7 @@ class Children:
             error = await self._apply(model, rendered, live, decision, wrote)
         finally:
             self.pacer.settle(key)
-        return Converged(error, live["Deployment"] if decision.hold else None,
-                         [kind for kind in adopted if f"apply {kind}" in wrote])
+        return Converged(error, live["Deployment"] if decision.hold else None, adopted)
 
     async def _apply(self, model: ScoringModel, rendered: Rendered, live: dict[str, dict[str, Any] | None],
                      decision: Decision, wrote: list[str]) -> ConfigError | None:
@@ -179,6 +186,22 @@ class Children:
             self.cache.put(CHILD_KINDS[kind].plural, applied)
             wrote.append(f"apply {kind}")
         return None
+
+    async def _adopt(self, kind: str, obj: dict[str, Any], model: ScoringModel) -> dict[str, Any]:
+        """Replace the stale owner references with ours, guarded by a `test` that they are still what was read.
+        An apply alone cannot: ownerReferences merge by uid under server-side apply, so a stale reference another
+        manager wrote (a restore, kubectl, Argo CD) stays beside ours, and two controller references are invalid
+        (422). The guard also makes one of two operator replicas adopt (and post the Event), not both."""
+        ref = CHILD_KINDS[kind]
+        operations = [{"op": "test", "path": "/metadata/ownerReferences", "value": obj["metadata"]["ownerReferences"]},
+                      {"op": "replace", "path": "/metadata/ownerReferences", "value": [owner_reference(model)]}]
+        try:
+            adopted = await self.api.json_patch(ref, self.namespace, self.name, operations)
+        except RejectedError as error:  # changed or gone since it was read: a fresh pass looks again
+            raise TransientApiError(error.status, "Conflict", f"{kind} {self.namespace}/{self.name} changed while"
+                                    f" being adopted: {error.message}") from error
+        self.cache.put(ref.plural, adopted)
+        return adopted
 
     async def _hand_over_replicas(self, deployment: dict[str, Any]) -> None:
         """Autoscaling was just switched on: keep the live replica count until the HPA takes it over (then apply, to

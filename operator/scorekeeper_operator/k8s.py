@@ -167,6 +167,14 @@ class KubeApi:
                                                   body=manifest, content_type="application/apply-patch+yaml")
         return result
 
+    async def json_patch(self, ref: ResourceRef, namespace: str, name: str,
+                         operations: list[dict[str, Any]]) -> dict[str, Any]:
+        """A JSON patch (RFC 6902); its `test` operations make it conditional on what was read (422 otherwise)."""
+        result: dict[str, Any] = await self._call("PATCH", ref.path(namespace, name),
+                                                  query=[("fieldManager", FIELD_MANAGER)], body=operations,
+                                                  content_type="application/json-patch+json")
+        return result
+
     async def create(self, ref: ResourceRef, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = await self._call("POST", ref.path(namespace), body=body)
         return result

@@ -200,6 +200,8 @@ class Reconciler:
             model_source=model.model_status() if model is not None else (body.get("status") or {}).get("model"),
             **pending, **(_scaling_and_startup(model) if model is not None else {}))  # type: ignore[arg-type]
         observed, refused = await children.observe(autoscaler_name(model) if model is not None else None)
+        if refused is not None:  # the re-check LISTs again (the cache would say nothing of the refusal)
+            self._fresh_wanted.add(key)
         if refused is not None and error is None:  # a 403 on a LIST: in status like a refused write, re-checked
             error = refused
             desired = replace(desired, config_error=error)

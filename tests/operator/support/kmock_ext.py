@@ -3,11 +3,13 @@
 KMock stores objects, merge-patches them and streams watch events. It lacks (research/operators.md §3.3), and this
 subclass adds: server-set metadata (uid, creationTimestamp, resourceVersion, generation); no-op writes that change
 nothing and emit no event; status-subresource isolation; server-side apply that creates absent objects, drops fields
-its manager stopped applying and keeps approximate managedFields; JSON-patch `test` failures as 422; label selectors
-on LIST; ownerReference garbage collection; DeleteOptions uid preconditions; `/api/v1/namespaces` paths; admission
-hooks (the CRD's defaults, schema and CEL rules); injected failures; and a log of the calls the operator made (RBAC).
-Still missing, and documented in docs/operator.md: exact managedFields and conflicts, associative-list merging
-(strategic merge / SSA list keys), built-in defaulting and validation, controllers (Deployment, ReplicaSet, kubelet)."""
+its manager stopped applying, merges `ownerReferences` by uid (a map-type list) and keeps approximate managedFields;
+at most one controller owner reference (422 otherwise); JSON-patch `test` failures as 422; label selectors on LIST;
+ownerReference garbage collection; DeleteOptions uid preconditions; `/api/v1/namespaces` paths; admission hooks (the
+CRD's defaults, schema and CEL rules); injected failures; and a log of the calls the operator made (RBAC).
+Still missing, and documented in docs/operator.md: exact managedFields and conflicts, the merging of other
+associative lists (strategic merge, SSA list keys other than ownerReferences), built-in defaulting and validation,
+controllers (Deployment, ReplicaSet, kubelet)."""
 
 from __future__ import annotations
 
@@ -26,10 +28,12 @@ from kmock._internal import rendering
 from kmock_semantics import (
     ApiCall,
     api_call,
+    apply_list_map,
     drop_unapplied,
     fields_v1,
     matches_selector,
     merge_patch,
+    owner_reference_error,
     release_conflicts,
 )
 
@@ -39,19 +43,40 @@ HARNESS_HEADER = "X-Test-Harness"  # requests made by the tests themselves, not 
 Admission = Callable[[dict[str, Any], dict[str, Any] | None], dict[str, Any]]
 
 
+@attrs.define
+class Failure:
+    """What `fail` injects: requests that match get `status` with a Status body of this reason and message."""
+
+    method: str
+    plural: str
+    status: int
+    remaining: int
+    reason: str
+    message: str
+    subresource: str | None = None  # only this subresource ("" for the main resource); None: any
+    namespaced: bool = False  # only requests within a namespace (the reconciler's, not kopf's cluster-wide ones)
+
+    def matches(self, request: rendering.Request) -> bool:
+        res = request.resource
+        return self.remaining > 0 and (self.method, self.plural) == (request.method.value, res and res.plural) \
+            and (self.subresource is None or self.subresource == (request.subresource or "")) \
+            and (not self.namespaced or request.namespace is not None)
+
+
 @attrs.define(kw_only=True)
 class RealisticEmulator(KubernetesEmulator):
     admission: dict[str, Admission] = attrs.field(factory=dict)  # plural → hook
     calls: list[ApiCall] = attrs.field(factory=list)
-    _failures: list[list[Any]] = attrs.field(factory=list)  # [method, plural, status, remaining]
+    _failures: list[Failure] = attrs.field(factory=list)
     _applied: dict[tuple[Any, ...], dict[str, Any]] = attrs.field(factory=dict)  # (key, manager) → last applied
     _revision: int = 0
 
     def fail(self, method: str, plural: str, status: int = 500, times: int = 1, *, reason: str = "InjectedFailure",
-             message: str = "injected by the test") -> None:
+             message: str = "injected by the test", subresource: str | None = None, namespaced: bool = False) -> None:
         """The next `times` requests with this method on this resource get HTTP `status` (and a Status body with
-        this reason and message, as the API server, a quota or a webhook words it)."""
-        self._failures.append([method.upper(), plural, status, times, reason, message])
+        this reason and message, as the API server, a quota or a webhook words it); `subresource` and `namespaced`
+        narrow which requests (see Failure)."""
+        self._failures.append(Failure(method.upper(), plural, status, times, reason, message, subresource, namespaced))
 
     def heal(self) -> None:
         self._failures.clear()
@@ -63,9 +88,9 @@ class RealisticEmulator(KubernetesEmulator):
         if request.headers.get(HARNESS_HEADER) is None:
             self.calls.append(api_call(request))
         for failure in self._failures:
-            if failure[0] == request.method.value and failure[1] == res.plural and failure[3] > 0:
-                failure[3] -= 1
-                raise KubernetesError(status=failure[2], reason=failure[4], message=failure[5])
+            if failure.matches(request):
+                failure.remaining -= 1
+                raise KubernetesError(status=failure.status, reason=failure.reason, message=failure.message)
         handler = {action.LIST: self._list, action.CREATE: self._create, action.UPDATE: self._update,
                    action.DELETE: self._delete}.get(request.action)  # type: ignore[arg-type]
         if handler is None or (request.action is action.DELETE and request.name is None):
@@ -88,6 +113,8 @@ class RealisticEmulator(KubernetesEmulator):
         await self._buses[res].put({"type": kind, "object": copy.deepcopy(obj)})
 
     def _admit(self, res: resource, obj: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
+        if (invalid := owner_reference_error(obj)) is not None:  # the API's own validation, before any webhook
+            raise KubernetesError(status=422, reason="Invalid", message=invalid)
         hook = self.admission.get(res.plural or "")
         if hook is None:
             return obj
@@ -185,11 +212,18 @@ class RealisticEmulator(KubernetesEmulator):
                 raise KubernetesError(status=422, reason="Invalid", message=str(error)) from error
         else:
             new = merge_patch(old, patch)
+        managers = {k: copy.deepcopy(v) for k, v in self._applied.items() if k[0] == key}  # kept if refused
         if "apply-patch" in content_type:
             self._record_implied(request, patch.get("metadata") or {})
             manager = request.params.get("fieldManager", "")
             others = [cfg for (k, m), cfg in self._applied.items() if k == key and m != manager]
-            drop_unapplied(new, previous=self._applied.get((key, manager), {}), applied=patch, co_owned=others)
+            previous = self._applied.get((key, manager), {})
+            drop_unapplied(new, previous=previous, applied=patch, co_owned=others)
+            refs = apply_list_map(old["metadata"].get("ownerReferences"), applied=_owners(patch),
+                                  previous=_owners(previous), co_owned=[_owners(other) for other in others])
+            new.setdefault("metadata", {}).pop("ownerReferences", None)
+            if refs:
+                new["metadata"]["ownerReferences"] = refs
             for other in others:
                 release_conflicts(other, patch)
             self._applied[(key, manager)] = copy.deepcopy(patch)
@@ -204,7 +238,13 @@ class RealisticEmulator(KubernetesEmulator):
         if new == old:
             return old  # a no-op write: no new resourceVersion, no watch event
         if request.subresource is None:
-            new = self._admit(res, new, old)
+            try:
+                new = self._admit(res, new, old)
+            except KubernetesError:
+                for entry in [k for k in self._applied if k[0] == key]:  # a refused write changes nothing, …
+                    del self._applied[entry]
+                self._applied.update(managers)  # … its field managers included
+                raise
             if new == old:
                 return old  # equal once admitted (e.g. `0.5` stored as `500m`): still a no-op
         if new.get("spec") != old.get("spec"):
@@ -256,3 +296,7 @@ class RealisticEmulator(KubernetesEmulator):
                 await self._emit(dep_key[0], "MODIFIED", marked)
             else:
                 await self._remove(dep_key, dependent.raw)
+
+
+def _owners(config: dict[str, Any]) -> list[dict[str, Any]]:
+    return list((config.get("metadata") or {}).get("ownerReferences") or [])

@@ -1,5 +1,6 @@
 """Pure API-server semantics the emulator adds to KMock: JSON merge patch, server-side apply's removal of fields
-a manager stopped applying, label selectors, the parsing of /api/v1/namespaces paths, and RBAC verbs of requests."""
+a manager stopped applying and its merge of map-type lists (ownerReferences by uid), the single-controller rule of
+owner references, label selectors, the parsing of /api/v1/namespaces paths, and RBAC verbs of requests."""
 
 from __future__ import annotations
 
@@ -65,6 +66,35 @@ def drop_unapplied(obj: dict[str, Any], *, previous: dict[str, Any], applied: di
     for path, value in _leaves(previous):
         if path and path not in now and path not in shared:
             _pop_path(obj, path, value)
+
+
+def apply_list_map(live: list[dict[str, Any]] | None, *, applied: list[dict[str, Any]] | None,
+                   previous: list[dict[str, Any]] | None, co_owned: list[list[dict[str, Any]]],
+                   key: str = "uid") -> list[dict[str, Any]]:
+    """Server-side apply of a list whose type is `map` (x-kubernetes-list-type: map, e.g. ownerReferences by uid):
+    applied items merge into the live item with the same key; this manager's items from its last apply that it no
+    longer applies go, unless another applier co-owns them; items other managers wrote (a restore, kubectl) stay."""
+    mine_before = {item.get(key) for item in previous or []}
+    shared = {item.get(key) for items in co_owned for item in items}
+    pending = {item.get(key): item for item in applied or []}
+    result = []
+    for item in live or []:
+        if item.get(key) in pending:
+            result.append(merge_patch(item, pending.pop(item.get(key))))
+        elif item.get(key) not in mine_before or item.get(key) in shared:
+            result.append(item)
+    return result + list(pending.values())
+
+
+def owner_reference_error(obj: dict[str, Any]) -> str | None:
+    """The API server's own check (apimachinery ValidateOwnerReferences): at most one controller reference."""
+    controllers = [ref for ref in (obj.get("metadata") or {}).get("ownerReferences") or [] if ref.get("controller")]
+    if len(controllers) < 2:
+        return None
+    names = " and ".join(f"{ref.get('kind')}/{ref.get('name')}" for ref in controllers[:2])
+    return (f"{obj.get('kind') or 'object'} \"{obj['metadata'].get('name')}\" is invalid: metadata.ownerReferences:"
+            f" Invalid value: Only one reference can have Controller set to true. Found \"true\" in references for"
+            f" {names}")
 
 
 def release_conflicts(other: dict[str, Any], applied: dict[str, Any]) -> None:

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from kmock_semantics import drop_unapplied, matches_fields, matches_selector, merge_patch
+from kmock_semantics import apply_list_map, drop_unapplied, matches_fields, matches_selector, merge_patch
 from scorekeeper_operator.cache import WatchCache
 from scorekeeper_operator.k8s import (
     CHILD_KINDS,
@@ -77,6 +77,17 @@ def test_apply_drops_only_fields_the_manager_still_owns() -> None:
     scaled = {"spec": {"replicas": 5}}  # the HPA changed it since: it is the HPA's now
     drop_unapplied(scaled, previous={"spec": {"replicas": 2}}, applied={"spec": {}})
     assert scaled == {"spec": {"replicas": 5}}
+
+
+def test_apply_merges_a_map_list_by_key() -> None:
+    """ownerReferences under server-side apply: items merge by uid; the manager's own items it stops applying go,
+    unless another applier co-owns them; other managers' items stay."""
+    live = [{"uid": "restored", "controller": True}, {"uid": "mine-before"}, {"uid": "shared"}, {"uid": "kept"}]
+    merged = apply_list_map(live, applied=[{"uid": "kept", "controller": True}, {"uid": "new"}],
+                            previous=[{"uid": "mine-before"}, {"uid": "shared"}, {"uid": "kept"}],
+                            co_owned=[[{"uid": "shared"}]])
+    assert merged == [{"uid": "restored", "controller": True}, {"uid": "shared"}, {"uid": "kept", "controller": True},
+                      {"uid": "new"}]
 
 
 @pytest.mark.parametrize(("selector", "expected"), [
