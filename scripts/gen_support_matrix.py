@@ -33,7 +33,7 @@ scored in CI against plain transformers forwards (`tests/support/tiny_models.py`
 `tests/worker/serving/test_score_equivalence.py`, `tests/worker/model/test_support_matrix.py`: equal to 1e-4 in
 float32, alone and packed with other requests' sequences,
 and multi-item = single-item for decoders), and every worker proves its own model at start-up against transformers
-on the same weights (the self-check, [operations.md](operations.md#start-up-self-check)).
+on the same weights (the self-check, [operations.md](operations.md#start-up-refusals-and-the-self-check)).
 
 The kind comes from `config.architectures[0]` (the class the checkpoint was saved with). A checkpoint is also refused
 when transformers would initialise any parameter at random or could not load it as saved (missing, mismatched, or a
