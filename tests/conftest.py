@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny random models built once per session, and real uvicorn servers on loopback."""
+"""Shared fixtures: tiny random models built once per test run, and real uvicorn servers on loopback."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def tiny_model(tiny_dir: Path) -> Callable[[str], Path]:
 
 @pytest.fixture(scope="session")
 def smollm2_converted(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """SmolLM2-135M-Instruct converted from its GGUF once per session (~30 s) into SCOREKEEPER_MODEL_CACHE (when
+    """SmolLM2-135M-Instruct converted from its GGUF once per test run (~30 s) into SCOREKEEPER_MODEL_CACHE (when
     set, reused between runs) or a temporary directory: loads in a fraction of a second, in servers and references."""
     from scorekeeper_worker.model import files as model_files
 

@@ -175,7 +175,7 @@ def main() -> None:
                 loads[condition] = os.getloadavg()[0]
             finally:
                 if neighbour is not None:
-                    os.killpg(neighbour.pid, signal.SIGTERM)  # stress and its workers: its own session
+                    os.killpg(neighbour.pid, signal.SIGTERM)  # stress and its workers: a process session of its own
                     neighbour.wait()
     finally:
         for arm in arms:

@@ -151,7 +151,7 @@ def child(args: argparse.Namespace) -> None:
 
 
 def bound(share: float, ratio: float) -> float:
-    """Amdahl: the whole speed-up when a `share` of the time runs `ratio` times faster and the rest as before."""
+    """Amdahl: the whole speed-up when a `share` of the time runs `ratio` times faster and the rest unchanged."""
     return 1 / (1 - share + share / ratio)
 
 

@@ -51,9 +51,9 @@ def background_load(condition: str, cpus: int) -> list[str] | None:
     - "quiet": none;
     - "stress": `stress --cpu N` at an equal share of the CPUs (like another pod with the same CPU request);
     - "neighbours": the same at the lowest priority, using only what CPU is spare (like BestEffort pods).
-    With the kernel's autogroups (`/proc/sys/kernel/sched_autogroup_enabled`), `nice` counts only within a session:
-    a `nice -n 19` process in another session still takes an equal share. So "neighbours" sets its session's
-    autogroup to nice 19 as well."""
+    With the kernel's autogroups (`/proc/sys/kernel/sched_autogroup_enabled`), `nice` counts only within a process
+    session: a `nice -n 19` process in another process session still takes an equal share. So "neighbours" sets its
+    process session's autogroup to nice 19 as well."""
     if condition == "quiet":
         return None
     stress = f"stress --cpu {cpus}"
@@ -76,7 +76,7 @@ THREADS: int | None = None  # --threads: the same OMP/MKL thread count for every
 
 
 def exit_on_sigterm() -> None:
-    """SIGTERM (a `timeout` ending a step of a GPU session) unwinds like an exception, so `finally` blocks stop the
+    """SIGTERM (a `timeout` ending a step of bench/gpu/run.sh) unwinds like an exception, so `finally` blocks stop the
     servers this process started: they run in sessions of their own and would outlive it, holding the device."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
 
@@ -173,7 +173,7 @@ class Worker:
                "--log-level", "warning", *(extra_args or [])]
         self.cmd = cmd
         log(f"starting worker: {' '.join(cmd[3:])}")
-        # Own session: a stray signal to the benchmark's process group does not reach the server first.
+        # A process session of its own: a stray signal to the benchmark's process group does not reach the server first.
         self.proc = subprocess.Popen(cmd, stdout=self.log_file, stderr=subprocess.STDOUT, env=child_env(env),
                                      start_new_session=True)
         self.client = httpx.Client(base_url=self.url, timeout=httpx.Timeout(3600.0, connect=10.0))

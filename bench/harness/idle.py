@@ -6,8 +6,9 @@ server does not: its worker process busy-polls its shared-memory message queue f
 CPU-seconds after every request of bench_cpu.py, so whichever system was timed next shared a core with it. `settle`
 waits for that to end and returns what it cost, which the benchmark reports in a column of its own.
 
-CPU time is the kernel's count for every process of a session (`/proc/PID/stat`: user and system time, threads that
-have ended included, in clock ticks of 10 ms); each server and peer leads a session of its own (`start_new_session`).
+CPU time is the kernel's count for every process of a process session (`/proc/PID/stat`: user and system time,
+threads that have ended included, in clock ticks of 10 ms); each server and peer leads a session of its own
+(`start_new_session`).
 """
 
 from __future__ import annotations

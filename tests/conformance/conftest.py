@@ -1,4 +1,4 @@
-"""Fixtures of the conformance suite: one directory for every variant's checkpoint, built once per session."""
+"""Fixtures of the conformance suite: one directory for every variant's checkpoint, built once per test run."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The test process's loads of tied models stay tied when they overlap (tests/support/transformers_loads.py): without
-the serialization, two threads loading at once leave `PreTrainedModel.tie_weights` a no-op for the rest of the session
+the serialization, two threads loading at once leave `PreTrainedModel.tie_weights` a no-op for the rest of the test run
 (seen as a CI failure far from its cause)."""
 
 from __future__ import annotations

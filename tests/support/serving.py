@@ -33,7 +33,7 @@ class RunningServer:
         from scorekeeper_worker.base.config import WorkerConfig
 
         self.port = free_port()
-        # gc.freeze() would freeze the whole test process (every server and model of the session, never collected
+        # gc.freeze() would freeze the whole test process (every server and model of the test run, never collected
         # again): in-process servers leave it off unless a test asks; test_gc.py runs the default in a subprocess.
         config.setdefault("gc_freeze", False)
         self.config = WorkerConfig(host="127.0.0.1", port=self.port, **config)

@@ -8,13 +8,13 @@ from pydantic import Field
 
 from scorekeeper_operator.spec.base import Spec
 
-# The worker's `--compile auto` (compiled_trunk.compile_enabled): off everywhere until a GPU session proves the
+# The worker's `--compile auto` (compiled_trunk.compile_enabled): off everywhere until a GPU run proves the
 # compiled trunk; then on for CUDA, and this turns True with it.
 AUTO_COMPILES_ON_GPU = False
 
 
 class CompileModeName(StrEnum):
-    AUTO = "auto"  # the worker's choice: off until a GPU session has proven the compiled trunk
+    AUTO = "auto"  # the worker's choice: off until a GPU run has proven the compiled trunk
     ON = "on"
     OFF = "off"
 

@@ -1,4 +1,4 @@
-"""One variant under test: the engine's model, and its independent references, loaded once per session.
+"""One variant under test: the engine's model, and its independent references, loaded once per test run.
 
 The references never share code with the engine: plain transformers forwards (tests/support/reference.py), the
 tokenizer's own `tokenizers` post-processor for special tokens and pairs, sentence-transformers for embedding models

@@ -36,7 +36,7 @@ def test_on_renders_the_flags_and_allows_the_budget_at_start_up() -> None:
 
 @pytest.mark.parametrize("mode", ["auto", "off"])
 def test_no_allowance_where_the_worker_does_not_compile(mode: str) -> None:
-    # auto: the worker keeps compiling off until a GPU session proves it (AUTO_COMPILES_ON_GPU)
+    # auto: the worker keeps compiling off until a GPU run proves it (AUTO_COMPILES_ON_GPU)
     deployment = deployment_of(**GPU, rollout={"maxStartupSeconds": 600}, compile={"mode": mode})
     assert startup_failures(deployment) == 60
 

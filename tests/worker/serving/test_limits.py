@@ -152,6 +152,6 @@ def test_a_text_request_over_the_token_limit_is_refused_before_it_is_tokenized_w
         assert response.json()["type"] == "RequestTooLarge" and "--max-request-tokens" in response.json()["message"]
         assert counting.characters < sum(map(len, items)) / 10, counting.characters
         small = httpx.post(server.url + "/v1/score", json={"query": "q", "items": items[:3]}, timeout=120)
-        assert small.status_code == 200, small.text  # under the limit: counted (or not) and served as before
+        assert small.status_code == 200, small.text  # under the limit: counted (or not) and served
     finally:
         model.tokenizer = counting.tokenizer

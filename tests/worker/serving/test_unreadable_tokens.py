@@ -64,7 +64,7 @@ def test_each_field_that_holds_the_token_is_named(unembedded: tuple[RunningServe
     _refused(_decide(server, "x", choice), "questions[0]: option '<extra_tok>'")
     predicate = {"type": "predicate", "instructions": f"It says {EXTRA}."}
     _refused(_decide(server, "x", predicate), "questions[0]")
-    # Token ids past the rows: refused as they are read, as before.
+    # Token ids past the rows, sent as ids: refused as they are read (as before issue 35).
     assert server.score(query=[300], items=[[5]], label_token_ids=LABELS).status_code == 400
 
 

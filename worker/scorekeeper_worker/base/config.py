@@ -36,7 +36,7 @@ class LogLevel(StrEnum):
 
 
 class CompileMode(StrEnum):
-    AUTO = "auto"  # off until a GPU session proves the compiled trunk (docs/gpu.md); then on for CUDA
+    AUTO = "auto"  # off until a GPU run proves the compiled trunk (docs/gpu.md); then on for CUDA
     ON = "on"
     OFF = "off"
 
@@ -92,6 +92,8 @@ class WorkerConfig(BaseModel):
     compile: CompileMode = CompileMode.AUTO
     compile_budget_seconds: float = Field(600.0, gt=0)
     compile_cache_dir: Path | None = None
+    pipeline_depth: int = Field(2, ge=1, le=2)
+    simulate_device_ms: float | None = Field(None, gt=0)
     drain_timeout_seconds: float = Field(30.0, ge=0)
     http_header_timeout_seconds: float = Field(10.0, gt=0)
     http_body_timeout_seconds: float = Field(20.0, gt=0)

@@ -84,7 +84,7 @@ def bounded_ids(tokenizer: PreTrainedTokenizerBase, texts: list[str], needs: lis
                 from_end: bool) -> list[Clipped]:
     """Each text's tokens (without special tokens), at most `needs[i]` of them, the first ones or (`from_end`, left
     truncation) the last ones: identical to `tokenizer(text, add_special_tokens=False)` cut to that many. Short
-    texts go through the tokenizer in one batch, as before; a text long enough to hold more than its need is
+    texts go through the tokenizer together, in one batch; a text long enough to hold more than its need is
     tokenized by windows."""
     out: list[Clipped | None] = [None] * len(texts)
     short = [i for i, (text, need) in enumerate(zip(texts, needs, strict=True))

@@ -4,8 +4,8 @@ A collection holds the GIL: while it runs, the event loop answers nothing and th
 torch op. A full (generation 2) collection walks every tracked object, and a loaded worker holds hundreds of
 thousands of them (torch, transformers, FastAPI, the model's modules): ~0.25 s per full collection on the
 development machine, the 100-300 ms stalls LinkedIn removed from its SGLang deployment. `gc.freeze()` once the model
-is loaded moves those objects into a permanent generation that no collection walks again; they are freed by reference
-counting as before, only cycles among them are never collected (what the load left behind is collected first).
+is loaded moves those objects into a permanent generation that no collection walks again; they are still freed by
+reference counting, only cycles among them are never collected (what the load left behind is collected first).
 """
 
 from __future__ import annotations
