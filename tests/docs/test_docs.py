@@ -1,4 +1,5 @@
-"""Documentation checks: the generated configuration reference is current and complete, and relative links resolve."""
+"""Documentation checks: the generated configuration reference is current and complete, relative links resolve, and
+links to a heading name one that exists."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import contextlib
 import importlib.util
 import io
 import re
+import unicodedata
 from pathlib import Path
 from types import ModuleType
 
@@ -16,7 +18,8 @@ CONFIG_DOC = REPO / "docs" / "configuration.md"
 GENERATOR = REPO / "scripts" / "gen_config_docs.py"
 SUPPORT_DOC = REPO / "docs" / "support-matrix.md"
 SUPPORT_GENERATOR = REPO / "scripts" / "gen_support_matrix.py"
-LINKED_DOCS = sorted([p for p in [REPO / "README.md"] if p.exists()] + list((REPO / "docs").glob("*.md")))
+LINKED_DOCS = sorted([p for p in [REPO / "README.md", REPO / "bench" / "README.md", REPO / "tests" / "README.md"]
+                      if p.exists()] + list((REPO / "docs").rglob("*.md")))
 
 
 def _generator() -> ModuleType:
@@ -98,3 +101,49 @@ def test_relative_links_resolve(doc: Path) -> None:
         if path and not (doc.parent / path).exists():
             broken.append(target)
     assert not broken, f"{doc.relative_to(REPO)} links to files that do not exist: {broken}"
+
+
+
+def heading_anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: its text without code marks and link targets, lower case, spaces as hyphens,
+    every character dropped that is not a letter, a digit, a mark, `_`, `-` or a space."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading.replace("`", "")).strip().lower()
+    kept = (c for c in text if c in " -" or unicodedata.category(c)[0] in "LMN" or unicodedata.category(c) == "Pc")
+    return "".join(kept).replace(" ", "-")
+
+
+def anchors(markdown: str) -> set[str]:
+    """The anchors of a document's headings; a repeated heading gets -1, -2, … as on GitHub."""
+    found: set[str] = set()
+    for match in re.finditer(r"^#{1,6}[ \t]+(.+?)[ \t]*#*[ \t]*$", _FENCE.sub("", markdown), re.M):
+        anchor = base = heading_anchor(match.group(1))
+        repeat = 0
+        while anchor in found:
+            repeat += 1
+            anchor = f"{base}-{repeat}"
+        found.add(anchor)
+    return found
+
+
+def test_heading_anchor() -> None:
+    assert heading_anchor("Garbage-collector pauses before and after `--gc-freeze`") == \
+        "garbage-collector-pauses-before-and-after---gc-freeze"
+    assert heading_anchor("Throughput at a latency SLO (`bench_load.py`)") == "throughput-at-a-latency-slo-bench_loadpy"
+    assert heading_anchor("Decisions: 16 questions about one 2,048-token input") == \
+        "decisions-16-questions-about-one-2048-token-input"
+    assert anchors("# A\n## A\n```\n# not a heading\n```\n### B ##\n") == {"a", "a-1", "b"}
+
+
+@pytest.mark.parametrize("doc", LINKED_DOCS, ids=[str(p.relative_to(REPO)) for p in LINKED_DOCS])
+def test_link_anchors_resolve(doc: Path) -> None:
+    """A link to a heading (`file.md#heading` or `#heading`) names a heading of that document."""
+    text = doc.read_text()
+    code_free = _CODE_SPAN.sub("", _FENCE.sub("", text))
+    targets = relative_links(text) + [t for t in _INLINE_LINK.findall(code_free) if t.startswith("#")]
+    broken = []
+    for target in targets:
+        path, _, anchor = target.partition("#")
+        linked = (doc.parent / path) if path else doc
+        if anchor and linked.suffix == ".md" and linked.is_file() and anchor not in anchors(linked.read_text()):
+            broken.append(target)
+    assert not broken, f"{doc.relative_to(REPO)} links to headings that do not exist: {broken}"
