@@ -189,7 +189,7 @@ def _values(action: argparse.Action) -> str:
     return ", ".join([kind, *bounds])
 
 
-_DEFAULT_SUFFIX = re.compile(r"\s*\(default: .*; env [A-Z_]+\)$")
+_DEFAULT_SUFFIX = re.compile(r"\s*\((?:default: .*; |required; )?env [A-Z0-9_]+\)$")
 
 
 def _help(action: argparse.Action) -> str:

@@ -19,6 +19,7 @@ import yaml
 from pydantic import ValidationError
 
 from scorekeeper_worker.base.config import Quantization, WorkerConfig
+from scorekeeper_worker.base.errors import DeviceUnavailable, ModelRefused, PortUnavailable, StartupRefused
 from scorekeeper_worker.serving.startup import openmp_env  # no torch there
 
 PROG = "scorekeeper-worker"
@@ -46,11 +47,18 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{PROG}: error: {message} (see {self.prog} --help)\n")
 
 
-def _default_help(name: str) -> str:
-    default = _FIELDS[name].default
+def _default_help(name: str, help_text: str) -> str:
+    """The suffix of a flag's help: its default (unless the text says it in its own words) and its variable."""
+    env = f"env {ENV_PREFIX}{name.upper()}"
+    field = _FIELDS[name]
+    if field.is_required():
+        return f"(required; {env})"
+    if "(default" in help_text:
+        return f"({env})"
+    default = field.default
     if isinstance(default, tuple):
         default = ",".join(str(v) for v in default)
-    return f"(default: {default}; env {ENV_PREFIX}{name.upper()})"
+    return f"(default: {'none' if default is None else getattr(default, 'value', default)}; {env})"
 
 
 def _reading(name: str) -> dict[str, Any]:
@@ -74,12 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     def add(flag: str, help_text: str) -> None:
         name = flag.removeprefix("--").replace("-", "_")
-        serve.add_argument(flag, dest=name, default=argparse.SUPPRESS, help=f"{help_text} {_default_help(name)}",
+        serve.add_argument(flag, dest=name, default=argparse.SUPPRESS,
+                           help=f"{help_text} {_default_help(name, help_text)}",
                            **_reading(name))
 
     serve.add_argument("--config", type=Path, default=None,
                        help="YAML/JSON file whose keys are flag names (e.g. max_batch_tokens: 4096)")
-    add("--model", "local Hugging Face model directory or .gguf file (required)")
+    add("--model", "local Hugging Face model directory or .gguf file")
     add("--served-name", "model name reported by /v1/models (clients may send any name)")
     add("--dtype", "weights and activations dtype; auto: the checkpoint's dtype where the device runs it fast "
         "(float32 on CPUs without bfloat16 instructions, float16 on GPUs without bfloat16), and bfloat16 for a "
@@ -123,6 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--compile-budget-seconds", "start-up compile time after which buckets not yet compiled run plain layers")
     add("--compile-cache-dir", "directory for Inductor's and Triton's caches and torch.compile's cache artifacts "
         "(mount a volume there so a restart skips most of the compile)")
+    add("--pipeline-depth", "forward batches in flight on a GPU: 2 packs and enqueues the next batch while one runs, "
+        "so the device never waits for the host; 1 finishes each batch before forming the next")
+    add("--simulate-device-ms", "benchmarks only: after the start-up self-check, replace every forward by a "
+        "simulated device that takes this many milliseconds per 8,192 tokens and computes nothing (scores are "
+        "meaningless), to measure the host's side of the pipeline (docs/gpu.md; default: off)")
     add("--drain-timeout-seconds", "on SIGTERM, how long in-flight requests may take to finish")
     add("--http-header-timeout-seconds", "a connection must deliver a request's head (request line and headers) "
         "within this long of opening, or of the request's first byte on a kept-alive connection; else 408 and "
@@ -276,9 +290,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     openmp_env.reexec(runtime, libiomp, given, tcmalloc=config.quantization == Quantization.NONE)
     os.environ.update(openmp_env.openmp_defaults())
     bound_primitive_cache()
+    from scorekeeper_worker.api import termination
     from scorekeeper_worker.api.server import run  # heavy imports (torch) only when serving
 
-    run(config)
+    try:
+        run(config)
+    except StartupRefused as refused:  # expected: one line and the status of its kind, never a traceback
+        termination.write_termination_message(config.termination_log, str(refused))
+        print(f"{PROG}: error: {refused}", file=sys.stderr)
+        sys.exit({ModelRefused: termination.EXIT_LOAD_FAILED, PortUnavailable: termination.EXIT_PORT_UNAVAILABLE,
+                  DeviceUnavailable: termination.EXIT_DEVICE_UNAVAILABLE}[type(refused)])
 
 
 if __name__ == "__main__":

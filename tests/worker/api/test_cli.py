@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from scorekeeper_worker.base.config import WorkerConfig
-from scorekeeper_worker.cli import parse_config
+from scorekeeper_worker.cli import build_parser, parse_config
 
 
 def test_help_documents_every_setting() -> None:
@@ -18,6 +19,22 @@ def test_help_documents_every_setting() -> None:
     for name in WorkerConfig.model_fields:
         assert "--" + name.replace("_", "-") in result.stdout, name
         assert "SCOREKEEPER_" + name.upper() in result.stdout, name
+
+
+def test_help_states_each_default_once_and_in_words() -> None:
+    """No `PydanticUndefined` for the required --model, no Python `None`, and a flag whose text says its default in
+    its own words (`(default: no timeout)`) gets no second one."""
+    result = subprocess.run([sys.executable, "-m", "scorekeeper_worker.cli", "serve", "--help"],
+                            capture_output=True, text=True, check=True)
+    assert "PydanticUndefined" not in result.stdout and "default: None" not in result.stdout
+    serve = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["serve"]
+    helps = {action.option_strings[0]: action.help or "" for action in serve._actions if action.option_strings}
+    twice = {flag: text for flag, text in helps.items() if text.count("(default") > 1}
+    assert twice == {}
+    assert helps["--model"].endswith("(required; env SCOREKEEPER_MODEL)")
+    assert helps["--request-timeout-seconds"].endswith(
+        "(default: no timeout) (env SCOREKEEPER_REQUEST_TIMEOUT_SECONDS)")
+    assert helps["--metrics-port"].endswith("(default: none; env SCOREKEEPER_METRICS_PORT)")
 
 
 def test_precedence_flag_over_environment_over_file(tmp_path: Path) -> None:

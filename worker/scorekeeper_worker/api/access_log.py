@@ -34,7 +34,9 @@ def uvicorn_log_config(level: str) -> dict[str, Any]:
         "loggers": {
             "": {"handlers": ["default"], "level": level},
             "uvicorn": {"handlers": ["default"], "level": level, "propagate": False},
-            "uvicorn.error": {"level": level},
+            # uvicorn's life-cycle lines ("Started server process", "Application startup complete") only at DEBUG:
+            # the worker says itself when it listens, loads and is ready (api/server.py, serving/service.py).
+            "uvicorn.error": {"level": "WARNING" if level == "INFO" else level},
             "uvicorn.access": {"handlers": ["access"], "level": level, "propagate": False},
         },
     }

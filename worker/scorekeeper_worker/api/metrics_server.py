@@ -4,12 +4,14 @@ ServiceMonitor or NetworkPolicy opens reaches nothing else.
 A uvicorn server with the same hardened connections as the API port (api/http_protocol.py: timeouts, a connection
 cap, errors in the error shape) on an event loop of its own in a thread: no thread per connection, and scrapes keep
 being answered while the API port drains or its loop is busy. Every other path answers 404 (and /metrics anything
-but GET/HEAD 405) in the API's error shape. Serves until the worker's lifespan ends, after the drain.
+but GET/HEAD 405) in the API's error shape. Serves on sockets bound before start-up (api/listeners.py: a taken port
+stops the worker there), until the worker's lifespan ends, after the drain.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from typing import Any
 
@@ -17,6 +19,7 @@ import uvicorn
 from prometheus_client import CollectorRegistry, make_asgi_app
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from scorekeeper_worker.api.error_shape import TYPES
 from scorekeeper_worker.api.http_protocol import quiet_accept_errors
@@ -28,6 +31,18 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
                         status_code=status, headers=headers)
 
 
+def _unlogged(protocol: type[H11Protocol]) -> type[H11Protocol]:
+    """The protocol without access lines: scrapes come every few seconds. (uvicorn.Config(access_log=False) would
+    instead remove the handlers of the process-wide access logger, and with them the API port's access lines.)"""
+
+    class Unlogged(protocol):  # type: ignore[valid-type,misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.access_log = False
+
+    return Unlogged
+
+
 class _Server(uvicorn.Server):
     async def serve(self, sockets: Any = None) -> None:
         quiet_accept_errors(asyncio.get_running_loop())  # this loop's own accept errors, as on the API port
@@ -35,7 +50,7 @@ class _Server(uvicorn.Server):
 
 
 class MetricsServer:
-    def __init__(self, registry: CollectorRegistry, host: str, port: int, options: dict[str, Any]) -> None:
+    def __init__(self, registry: CollectorRegistry, sockets: list[socket.socket], options: dict[str, Any]) -> None:
         metrics = make_asgi_app(registry)
 
         async def only_metrics(scope: Scope, receive: Receive, send: Send) -> None:
@@ -54,10 +69,11 @@ class MetricsServer:
                     response = _error(400, "Accept and Accept-Encoding headers must be UTF-8")
             await response(scope, receive, send)
 
-        config = uvicorn.Config(only_metrics, host=host, port=port, lifespan="off", log_config=None,
-                                access_log=False, **options)  # scrapes every few seconds: not worth a log line
+        config = uvicorn.Config(only_metrics, lifespan="off", log_config=None,
+                                **{**options, "http": _unlogged(options["http"])})
         self.server = _Server(config)
-        self.thread = threading.Thread(target=self.server.run, name="scorekeeper-metrics", daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": sockets}, name="scorekeeper-metrics",
+                                       daemon=True)
 
     def start(self) -> None:
         self.thread.start()

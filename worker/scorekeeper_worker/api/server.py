@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import socket
 import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
+import transformers
 import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -27,6 +29,7 @@ from scorekeeper_worker.api.access_log import uvicorn_log_config
 from scorekeeper_worker.api.drain import Drain, DrainingServer
 from scorekeeper_worker.api.error_shape import error_responses
 from scorekeeper_worker.api.http_protocol import quiet_accept_errors, server_options
+from scorekeeper_worker.api.listeners import listen
 from scorekeeper_worker.api.metrics_server import MetricsServer
 from scorekeeper_worker.api.middleware.auth import ApiKeyAuth, ApiKeys
 from scorekeeper_worker.api.middleware.per_request import (
@@ -37,6 +40,7 @@ from scorekeeper_worker.api.middleware.per_request import (
     cancel_on_disconnect,
 )
 from scorekeeper_worker.api.openapi import openapi_document
+from scorekeeper_worker.api.preflight import REFUSALS, preflight
 from scorekeeper_worker.api.routes.decisions import add_routes as add_decision_routes
 from scorekeeper_worker.api.routes.embeddings import embed
 from scorekeeper_worker.api.routes.embeddings import response as embedding_response
@@ -54,7 +58,7 @@ from scorekeeper_worker.api.wire.compat import (
     RerankResponse,
 )
 from scorekeeper_worker.api.wire.score import ModelCard, ModelList, ScoreRequest, ScoreResponse, Status
-from scorekeeper_worker.base.config import WorkerConfig
+from scorekeeper_worker.base.config import LogLevel, WorkerConfig
 from scorekeeper_worker.base.errors import NotReady
 from scorekeeper_worker.base.logs import install_request_ids
 from scorekeeper_worker.base.metrics import WorkerMetrics
@@ -63,10 +67,12 @@ from scorekeeper_worker.serving.startup import load as startup
 from scorekeeper_worker.serving.startup.gc_pauses import GcPauseObserver
 
 log = logging.getLogger(__name__)
-STARTUP_FAILURE = 3  # uvicorn's exit status when the app cannot start (port taken, lifespan failed)
+EXIT_UNEXPECTED = 1  # what Python itself exits with on an uncaught exception
 # Every route can answer these: a wrong method, a body over the limit (any request may carry one), a bug.
 ANY_ROUTE = (405, 413, 500)
-def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI:
+def create_app(config: WorkerConfig, load_in_background: bool = True,
+               metrics_sockets: list[socket.socket] | None = None) -> FastAPI:
+    """The app; `metrics_sockets` are --metrics-port's, bound by `run` before start-up (else bound here)."""
     install_request_ids()
     metrics = WorkerMetrics()
     metrics.configure(config)
@@ -87,15 +93,17 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
         quiet_accept_errors(asyncio.get_running_loop())
         scrapes = None
         if config.metrics_port is not None:
-            scrapes = MetricsServer(metrics.registry, config.host, config.metrics_port, server_options(config))
+            sockets = metrics_sockets or listen(config.host, config.metrics_port, "--metrics-port")
+            scrapes = MetricsServer(metrics.registry, sockets, server_options(config))
             scrapes.start()
 
         def load() -> None:
             try:
                 service.serve(startup.load(config, metrics))
-            except Exception as error:  # never ready; `run` writes the reason and exits non-zero
+            except Exception as error:  # never ready; `run` says why in one line and exits non-zero
                 service.fail(failure_reason(config.model, error))
-                log.exception("model failed to load")
+                if not isinstance(error, REFUSALS):  # a bug: its traceback is what to report
+                    log.exception("model failed to load")
                 on_failure(service.failure or "")
 
         gc_pauses.install()
@@ -198,20 +206,31 @@ def create_app(config: WorkerConfig, load_in_background: bool = True) -> FastAPI
     return app
 
 
-def build_server(config: WorkerConfig) -> DrainingServer:
-    app = create_app(config)
+def build_server(config: WorkerConfig, metrics_sockets: list[socket.socket] | None = None) -> DrainingServer:
+    app = create_app(config, metrics_sockets=metrics_sockets)
     level = config.log_level.value
-    uvicorn_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=level,
+    # The levels are log_config's: uvicorn's own log_level would raise its life-cycle lines back to it.
+    uvicorn_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=None,
                                     log_config=uvicorn_log_config(level),
                                     timeout_graceful_shutdown=max(1, math.ceil(config.drain_timeout_seconds)),
                                     **server_options(config))
     return DrainingServer(uvicorn_config, app.state.drain, config.drain_timeout_seconds)
 
 
+def _where(sockets: list[socket.socket]) -> str:
+    host, port = sockets[0].getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def run(config: WorkerConfig) -> None:
-    """Serve until stopped; a model that fails to load (or fails the self-check) writes its reason to the
-    termination-message file, stops the server and exits with EXIT_LOAD_FAILED."""
-    server = build_server(config)
+    """Serve until stopped. What can be refused before serving raises StartupRefused (cli.py: one line, its exit
+    status); a model that fails to load later (or fails the self-check) writes its reason to the termination-message
+    file, stops the server and exits with EXIT_LOAD_FAILED."""
+    listeners = preflight(config)
+    transformers.utils.logging.disable_progress_bar()  # a bar redrawn with \r is no log line
+    if config.log_level != LogLevel.DEBUG:  # its load report of missing weights repeats the worker's refusal
+        transformers.utils.logging.set_verbosity_error()
+    server = build_server(config, listeners.metrics)
     service = server.config.app.state.service
 
     def on_load_failure(reason: str) -> None:
@@ -219,10 +238,17 @@ def run(config: WorkerConfig) -> None:
         server.should_exit = True
 
     server.config.app.state.on_load_failure = on_load_failure
-    server.run()
+    scrapes = "/metrics there too" if listeners.metrics is None else f"/metrics on {_where(listeners.metrics)}"
+    # Said instead of uvicorn's "Uvicorn running on", which reads as if the worker could already serve.
+    log.info("listening on %s (%s); loading %s: /ready answers 503 until it is loaded and checked",
+             _where(listeners.api), scrapes, config.model)
+    try:
+        server.run(sockets=listeners.api)
+    except SystemExit:
+        if server.started:
+            raise
+        sys.exit(EXIT_UNEXPECTED)  # uvicorn's start-up failed (its traceback is logged): neither a model nor a port
     if service.failed:
         status = EXIT_DEVICE_LOST if service.device_lost else EXIT_LOAD_FAILED
         log.error("exiting with status %d: %s", status, service.failure)
         sys.exit(status)
-    if not server.started:
-        sys.exit(STARTUP_FAILURE)

@@ -1,5 +1,5 @@
-"""A worker that cannot serve its model says why and exits: one paragraph in the termination-message file (what
-Kubernetes shows in the container's last state, and the operator turns into ModelLoadFailed), then exit status 3."""
+"""A worker that cannot serve says why and exits: one paragraph in the termination-message file (what Kubernetes shows
+in the container's last state; the operator turns status 3 into ModelLoadFailed), then an exit status per reason."""
 
 from __future__ import annotations
 
@@ -8,8 +8,12 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-EXIT_LOAD_FAILED = 3  # 1 is an unexpected crash, 2 a command-line error (argparse)
+# Exit statuses (docs/operations.md#exit-statuses). 1 is an unexpected crash (with its traceback), 2 a setting that
+# cannot be used (argparse, cli.py).
+EXIT_LOAD_FAILED = 3  # the model cannot be served: no model at the path, refused, self-check or certificate failed
 EXIT_DEVICE_LOST = 4  # the accelerator failed while serving (a sticky CUDA error): a restart recovers it
+EXIT_PORT_UNAVAILABLE = 5  # --port or --metrics-port is taken by another process, or not permitted
+EXIT_DEVICE_UNAVAILABLE = 6  # --device cuda where torch finds no usable CUDA device
 MESSAGE_LIMIT = 4096  # bytes the kubelet keeps of a termination message
 
 

@@ -1,5 +1,6 @@
 """Domain errors: what the worker refuses and why, in its own words. They know nothing of HTTP; the edge
-(`api/error_shape.py`) gives each its status code, type and headers, in one table.
+(`api/error_shape.py`) gives each its status code, type and headers, in one table; the command line (`cli.py`) gives
+each start-up refusal its exit status.
 
 Every message names what is at fault (a request field first: `items[2]: ...`), because it reaches the client as is.
 """
@@ -77,3 +78,20 @@ class Timeout(ScoringError):
 
 class NonFiniteScore(ScoringError):
     """The model's output overflowed: an internal error, never a score of NaN or inf."""
+
+
+class StartupRefused(Exception):
+    """A reason the worker will not start, known before it serves: said in one line, with an exit status of its own
+    (cli.py maps each kind to it), never with a traceback."""
+
+
+class ModelRefused(StartupRefused):
+    """The model path holds no model, or one the worker does not serve (found from its files, before any weights)."""
+
+
+class DeviceUnavailable(StartupRefused):
+    """The device asked for is not on this machine (--device cuda where torch sees no CUDA device)."""
+
+
+class PortUnavailable(StartupRefused):
+    """A port the worker must listen on is taken by another process, or not permitted."""

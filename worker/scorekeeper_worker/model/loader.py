@@ -19,6 +19,7 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     AutoTokenizer,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
@@ -45,7 +46,7 @@ from scorekeeper_worker.model.templates.special_tokens import PairLayout, Specia
 from scorekeeper_worker.model.trunk_patches import RopeTables, install_packed_rotary, install_row_selection
 from scorekeeper_worker.model.vocabulary import Vocabulary, check_specials, vocabulary
 
-__all__ = ["HeadModules", "ModelKind", "Pooling", "ScoringModel", "load_model"]
+__all__ = ["HeadModules", "ModelKind", "Pooling", "ScoringModel", "load_model", "refuse_early"]
 log = logging.getLogger(__name__)
 
 _AUTO_CLASS = {ModelKind.CAUSAL_LM: AutoModelForCausalLM, ModelKind.EMBEDDING: AutoModel,
@@ -139,6 +140,20 @@ def _check_weights(info: Mapping[str, Iterable[object]], arch: ArchitectureSuppo
         log.warning("checkpoint parameters not used by %s%s: %s", arch.class_prefix, kind.class_suffix, unexpected)
 
 
+def _resolve_directory(path: Path, config: PretrainedConfig) -> tuple[ArchitectureSupport, KindSupport]:
+    architecture = (config.architectures or [type(config).__name__])[0]
+    return resolve(architecture, config.model_type, sentence_transformers.is_embedding_directory(path))
+
+
+def refuse_early(path: Path) -> None:
+    """What the files alone refuse, before any weights load (the start-up preflight): a path that holds no model,
+    and a directory whose config.json names an architecture outside the support matrix. A .gguf file names its
+    architecture only once read, so load_model refuses it."""
+    _require_model(path)
+    if path.suffix != ".gguf":
+        _resolve_directory(path, AutoConfig.from_pretrained(path))
+
+
 def _modules(model: PreTrainedModel, steps: tuple[HeadStep, ...]) -> HeadModules:
     return tuple((model.get_submodule(step.module), step.sequence) for step in steps)
 
@@ -146,8 +161,8 @@ def _modules(model: PreTrainedModel, steps: tuple[HeadStep, ...]) -> HeadModules
 def _load_hf(path: Path, dtype: DType, device: Device) -> tuple[PreTrainedModel, ArchitectureSupport, KindSupport,
                                                                DTypeChoice]:
     config = AutoConfig.from_pretrained(path)
+    arch, kind = _resolve_directory(path, config)
     architecture = (config.architectures or [type(config).__name__])[0]
-    arch, kind = resolve(architecture, config.model_type, sentence_transformers.is_embedding_directory(path))
     choice = choose_dtype(dtype, getattr(config, "dtype", None), detect_hardware(device))
     model, info = _AUTO_CLASS[kind.kind].from_pretrained(path, dtype=choice.dtype, output_loading_info=True)
     if type(model).__name__ != arch.class_prefix + kind.loaded_suffix:  # the auto class chose another class

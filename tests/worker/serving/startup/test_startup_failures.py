@@ -1,5 +1,6 @@
 """A worker that cannot serve its model exactly never becomes ready: the real CLI, in a subprocess, exits with
-status 3 before /ready ever says ready, after writing one paragraph saying why to the termination-message file."""
+status 3 before /ready ever says ready, after writing one paragraph saying why to the termination-message file. The
+reason is one log line; only a bug (an error no refusal names, api/preflight.py) comes with its traceback."""
 
 from __future__ import annotations
 
@@ -19,12 +20,13 @@ from serving import free_port
 TESTS = Path(__file__).resolve().parents[3] / "support"  # leaky_attention.py
 
 
-def _serve(model: Path, tmp_path: Path, preload: str | None = None) -> tuple[subprocess.CompletedProcess[str], str]:
+def _serve(model: Path, tmp_path: Path, preload: str | None = None,
+           prelude: str = "") -> tuple[subprocess.CompletedProcess[str], str]:
     """Run `scorekeeper-worker serve` to its end; `preload` is a module whose install() runs first (a deliberately
-    broken engine).
+    broken engine), `prelude` code run before the worker.
     Returns the finished process and the termination message it wrote."""
     termination = tmp_path / "termination-log"
-    code = f"import {preload}; {preload}.install(); " if preload else ""
+    code = prelude + (f"import {preload}; {preload}.install(); " if preload else "")
     code += "import sys; from scorekeeper_worker.cli import main; main(sys.argv[1:])"
     env = {**os.environ, "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": os.pathsep.join([str(TESTS), *sys.path])}
@@ -69,6 +71,18 @@ def test_worker_exits_non_zero_with_the_reason(case: str, tiny_model: Callable[[
         assert text in message, message
         assert text in process.stderr  # the log says it too (FallbackToLogsOnError shows the log tail)
     assert "ready:" not in process.stderr
+    assert "Traceback" not in process.stderr and len(process.stderr.splitlines()) == 1, process.stderr[-3000:]
+
+
+def test_a_bug_during_the_load_keeps_its_traceback(tiny_model: Callable[[str], Path], tmp_path: Path) -> None:
+    """An error no refusal names is a bug: the traceback is what to report. The worker still exits with status 3
+    and the reason, since the model was not served."""
+    bug = ("import scorekeeper_worker.serving.startup.selfcheck as selfcheck; "
+           "selfcheck.run = lambda *args, **kwargs: {}['no such key']; ")
+    process, message = _serve(tiny_model("qwen3-cls3"), tmp_path, prelude=bug)
+    assert process.returncode == EXIT_LOAD_FAILED, process.stderr[-3000:]
+    assert message.endswith("failed to load: KeyError: 'no such key'\n"), message
+    assert "Traceback (most recent call last)" in process.stderr and "selfcheck.run" not in message
 
 
 @pytest.mark.parametrize("case", ["missing", "no-config"])
