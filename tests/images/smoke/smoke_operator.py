@@ -49,6 +49,18 @@ def test_every_operator_module_imports_in_the_image(operator_pod: dict[str, Any]
     assert set(logs.split()) == source_modules()
 
 
+def test_the_operator_runs_as_the_pods_user_on_a_read_only_root(operator_pod: dict[str, Any],
+                                                                  tmp_path: Path) -> None:
+    probe = ("import os\nprint(os.getuid(), os.getgid())\ntry:\n    open('/opt/venv/probe', 'w')\n"
+             "except OSError as error:\n    print(error.strerror)\nopen('/tmp/probe', 'w')\nprint('tmp writable')")
+    container = {**operator_pod["containers"][0], "command": ["python", "-c", probe]}
+    status, logs = run_to_exit(operator_pod, container, tmp_path)
+    context = operator_pod["securityContext"]
+    assert status == 0, logs
+    assert logs.split("\n")[:3] == [f"{context['runAsUser']} {context['runAsGroup']}", "Read-only file system",
+                                     "tmp writable"]
+
+
 @pytest.mark.xfail(strict=True, reason="the operator retries its Kubernetes configuration forever, printing a "
                    "traceback each minute (operator/scorekeeper_operator/main.py); remove this mark with its fix")
 def test_without_a_cluster_the_entry_point_exits_with_one_clear_line(operator_pod: dict[str, Any],
