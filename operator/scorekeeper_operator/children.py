@@ -169,7 +169,8 @@ class Children:
             if decision.hold and kind in POD_KINDS and current is not None:
                 continue  # waiting for a rollout slot: the pods keep running what they run
             if kind == "Deployment":
-                paced = paced_annotations(current, rendered.config_hash, decision, guaranteed(model))
+                finished = current is not None and self.pacer.finished(current)
+                paced = paced_annotations(current, rendered.config_hash, decision, guaranteed(model), finished)
                 manifest = {**manifest, "metadata": {**manifest["metadata"], "annotations": {
                     **manifest["metadata"].get("annotations", {}), **paced}}}
             handover = current is not None and kind == "Deployment" \

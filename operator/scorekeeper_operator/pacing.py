@@ -10,9 +10,14 @@ SCOREKEEPER_MAX_CONCURRENT_UPGRADES slots:
   (`status.pendingConfigHash`, `status.pendingWorkerImage`): it rolls once, when its turn comes, never twice;
 - a model in a slot holds it until its rollout has progressed: the new configuration serves the capacity the model
   guarantees (its replicas, or with autoscaling its minReplicas; `PACED_CAPACITY_ANNOTATION`), not every pod an HPA
-  may want. A model that has failed for want of room (its new pods unplaceable past their scheduling deadline)
-  frees its slot too. A model whose new pods fail (crash, load, image) keeps it, so a broken upgrade stops the wave
-  after that many models; every waiting model names the models that hold the slots, and why (`wait_note`);
+  may want. Progress counts once seen: the operator remembers it and drops the paced annotation, so a drain or an
+  eviction later never makes the model a holder again. A model that has failed for want of room (its new pods
+  unplaceable past their scheduling deadline, or still waiting to be placed past the Deployment's progress
+  deadline: `Degraded=Unschedulable`) frees its slot too. A model whose new pods fail (crash, load, image) keeps it,
+  so a broken upgrade stops the wave after that many models;
+- every waiting model says the same while the holders move, and names the holders that are stuck, with their
+  reason, when there are (`wait_note`): a waiting model is told only when that changes, so a wave costs each waiting
+  model a status write or two, not one per step of every holder's rollout;
 - a freed slot (a rollout completed, a model deleted: both are Deployment watch events) wakes the model that has
   waited longest, and goes to it and to no other, whichever waiting model's pass comes first: the others get a pass
   only to name the new holder (a status write), never a rollout.
@@ -37,6 +42,8 @@ PACED_ANNOTATION = "scorekeeper.dev/paced-rollout"
 PACED_CAPACITY_ANNOTATION = "scorekeeper.dev/paced-capacity"
 # Degraded reasons that free a slot: the model failed for want of room, not because of the release.
 FREES_SLOT = frozenset({"Unschedulable"})
+# Ready reasons of a rollout on its way: a holder with one of these (and not Degraded) moves the wave.
+MOVING = frozenset({"AllReplicasReady", "MinimumReplicasAvailable", "RollingOut", "WaitingForReadyReplicas"})
 
 
 @dataclass(frozen=True)
@@ -66,9 +73,22 @@ def progressed(deployment: dict[str, Any]) -> bool:
 
 
 def in_slot(deployment: dict[str, Any]) -> bool:
-    """Rolling out an operator-caused change that has not progressed yet."""
+    """Rolling out an operator-caused change that has not progressed yet (as far as this Deployment shows)."""
     paced = annotations(deployment).get(PACED_ANNOTATION)
     return paced is not None and paced == template_hash(deployment) and not progressed(deployment)
+
+
+def _condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == kind), {})
+
+
+def stall_reason(status: dict[str, Any]) -> str | None:
+    """Why a holder's rollout is stuck, from its computed status (its Degraded reason, else a Ready reason that is
+    not a step of a rollout on its way); None while it moves."""
+    degraded, ready = _condition(status, "Degraded"), _condition(status, "Ready")
+    if degraded.get("status") == "True":
+        return str(degraded.get("reason"))
+    return None if ready.get("reason") in MOVING else str(ready.get("reason"))
 
 
 def operator_caused(live: dict[str, Any] | None, generation: int, config_hash: str) -> bool:
@@ -78,10 +98,12 @@ def operator_caused(live: dict[str, Any] | None, generation: int, config_hash: s
     return annotations(live).get(GENERATION_ANNOTATION) in (None, str(generation))
 
 
-def paced_annotations(live: dict[str, Any] | None, config_hash: str, decision: Decision,
-                      capacity: int) -> dict[str, str]:
-    """The pacing annotations to apply with the Deployment: set by a paced apply, kept while that rollout is on."""
-    if decision.paced or (live is not None and annotations(live).get(PACED_ANNOTATION) == config_hash):
+def paced_annotations(live: dict[str, Any] | None, config_hash: str, decision: Decision, capacity: int,
+                      finished: bool) -> dict[str, str]:
+    """The pacing annotations to apply with the Deployment: set by a paced apply, kept while that rollout is on and
+    has not progressed (`finished`: its progress was seen; the next apply drops them, recording it)."""
+    if decision.paced or (live is not None and annotations(live).get(PACED_ANNOTATION) == config_hash
+                          and not finished):
         return {PACED_ANNOTATION: config_hash, PACED_CAPACITY_ANNOTATION: str(capacity)}
     return {}
 
@@ -98,37 +120,58 @@ class Pacer:
         self.waiting: dict[Key, None] = {}  # in arrival order: the longest-waiting first
         self._reserved: set[Key] = set()  # paced applies under way, not yet visible in the cache
         self._failed: dict[Key, str] = {}  # models that failed for want of room → the config hash they failed on
-        self._notes: dict[Key, str] = {}  # models in a slot → why they still hold it (their Ready condition)
+        self._progressed: dict[Key, str] = {}  # models whose paced rollout was seen progressed → its config hash
+        self._stalls: dict[Key, str] = {}  # models in a slot whose rollout is stuck → why (stall_reason)
+        self._told: str | None = None  # what the waiting models were last told (wait_note)
+
+    def seen(self, deployment: dict[str, Any]) -> None:
+        """A Deployment as a watch event or a read showed it: a paced rollout seen progressed is remembered, so that
+        losing ready pods later (a drain, an eviction, a crash) never makes it a slot holder again."""
+        paced = annotations(deployment).get(PACED_ANNOTATION)
+        if paced is not None and paced == template_hash(deployment) and progressed(deployment):
+            self._progressed[_key(deployment)] = paced
+
+    def finished(self, deployment: dict[str, Any]) -> bool:
+        """Has the paced rollout this Deployment runs been seen progressed (now or before)?"""
+        self.seen(deployment)
+        return self._progressed.get(_key(deployment)) == template_hash(deployment)
 
     def busy(self) -> set[Key]:
-        running = {_key(d) for d in self.cache.all("deployments")
-                   if in_slot(d) and self._failed.get(_key(d)) != template_hash(d)}
+        running = {_key(d) for d in self.cache.all("deployments") if in_slot(d) and not self.finished(d)
+                   and self._failed.get(_key(d)) != template_hash(d)}
         return running | self._reserved
 
     def holding(self, key: Key) -> bool:
         return key in self.busy()
 
-    def report(self, key: Key, deployment: dict[str, Any] | None, degraded: str, note: str) -> bool:
-        """A pass of a model in a slot observed it: a failure for want of room frees the slot; `note` says why it
-        holds it otherwise. True when what the waiting models say changes (they need a pass to say it)."""
-        if deployment is None or not self.holding(key):
-            return self._notes.pop(key, None) is not None
-        if degraded in FREES_SLOT:
-            self._failed[key] = template_hash(deployment) or ""
-            self._notes.pop(key, None)
-            return True
-        changed = self._notes.get(key) != note
-        self._notes[key] = note
-        return changed
+    def report(self, key: Key, deployment: dict[str, Any] | None, degraded: str, stall: str | None) -> None:
+        """A pass of a model observed it: in a slot, a failure for want of room frees the slot, and `stall` says
+        why its rollout is stuck (None: it moves)."""
+        holding = deployment is not None and self.holding(key)
+        if holding and degraded in FREES_SLOT:
+            self._failed[key] = template_hash(deployment) or ""  # type: ignore[index]
+        if holding and stall is not None and self.holding(key):  # (not when it just failed for want of room)
+            self._stalls[key] = stall
+        else:
+            self._stalls.pop(key, None)
+
+    def news(self) -> bool:
+        """Has what the waiting models say changed since they were last told (a holder got stuck, its reason
+        changed, it got going again or went away)? Then each needs a pass to say it; this counts as telling them."""
+        note = self.wait_note()
+        if note == self._told:
+            return False
+        self._told = note
+        return True
 
     def wait_note(self) -> str:
-        """What a waiting model says: which models hold the slots, and why."""
-        held = sorted(self.busy())
-        if not held:
-            return "waiting for a rollout slot: one is free, and the longest-waiting model takes it next"
-        why = "; ".join(f"{ns}/{name} holds one ({self._notes.get((ns, name), 'its rollout has not progressed')})"
-                        for ns, name in held)
-        return f"waiting for one of {self.max_concurrent} rollout slots (SCOREKEEPER_MAX_CONCURRENT_UPGRADES): {why}"
+        """What a waiting model says: the same while the holders move; the stuck ones, and why, when there are."""
+        slots = f"waiting for one of {self.max_concurrent} rollout slots (SCOREKEEPER_MAX_CONCURRENT_UPGRADES)"
+        held = self.busy()
+        stuck = sorted((key, why) for key, why in self._stalls.items() if key in held)
+        if not stuck:
+            return f"{slots}: the models in them are rolling out; the longest-waiting model goes next"
+        return f"{slots}: " + "; ".join(f"{ns}/{name} holds one and is stuck ({why})" for (ns, name), why in stuck)
 
     def decide(self, key: Key, generation: int, live: dict[str, Any] | None, config_hash: str) -> Decision:
         """Synchronous, so that two passes cannot both take the last slot (no await between count and claim).
@@ -160,7 +203,8 @@ class Pacer:
         self.waiting.pop(key, None)
         self._reserved.discard(key)
         self._failed.pop(key, None)
-        self._notes.pop(key, None)
+        self._progressed.pop(key, None)
+        self._stalls.pop(key, None)
 
     def next_up(self) -> list[Key]:
         """The waiting models that may take the free slots now, longest-waiting first."""

@@ -26,7 +26,7 @@ from scorekeeper_operator.k8s import (
     KubeApi,
     RejectedError,
 )
-from scorekeeper_operator.pacing import Pacer, template_hash
+from scorekeeper_operator.pacing import Pacer, stall_reason, template_hash
 from scorekeeper_operator.render.manifests import (
     Rendered,
     autoscaler_name,
@@ -40,6 +40,7 @@ from scorekeeper_operator.schedule import Key, Scheduler
 from scorekeeper_operator.spec.model import AutoscalerProvider, InvalidSpec, ScoringModel
 from scorekeeper_operator.spec.settings import OperatorSettings
 from scorekeeper_operator.status.compute import Assessment, ConfigError, Desired, compute_status
+from scorekeeper_operator.status.pods import placement_clock
 
 logger = logging.getLogger(__name__)
 # What can heal without a spec edit (the foreign object is deleted, a quota raised, a policy changed, the Hub answers
@@ -57,6 +58,7 @@ class PassReport:
     wrote: list[str] = field(default_factory=list)
     error: str | None = None
     gone: bool = False
+    held: bool = False  # a spec edit came within the debounce window of the last one rendered: nothing rendered
     next_pass_in: float | None = None
 
 
@@ -80,12 +82,6 @@ def _degraded(status: dict[str, Any]) -> str:
     return str(found.get("reason", "")) if found.get("status") == "True" else ""
 
 
-def _ready_note(status: dict[str, Any]) -> str:
-    """Why a model in a rollout slot still holds it, for the models that wait: its Ready condition."""
-    ready = _condition(status, "Ready")
-    return f"{ready.get('reason')}: {ready.get('message')}"
-
-
 def running(deployment: dict[str, Any], rendered: Rendered) -> Rendered:
     """What a model waiting for a rollout slot runs: its live Deployment's configuration, for the status."""
     container = deployment["spec"]["template"]["spec"]["containers"][0]
@@ -106,6 +102,7 @@ class Reconciler:
         # patch of an earlier one (passes are no longer serialised with kopf's handlers) pins the same commit
         # without asking the Hub again.
         self._pinned: dict[Key, tuple[tuple[str, str, str | None], str]] = {}  # (uid, repo, revision), commit
+        self._unplaced: dict[Key, dict[str, datetime]] = {}  # pods waiting to be placed → when first seen waiting
 
     async def reconcile(self, namespace: str, name: str) -> ConfigError | None:
         """A pass now, reading everything fresh (for the kopf handlers: create, resume). Returns the configuration
@@ -131,6 +128,8 @@ class Reconciler:
         else:
             self.cache.put(plural, obj)
         if plural == CHILD_KINDS["Deployment"].plural:
+            if event_type != "DELETED":
+                self.pacer.seen(obj)  # a paced rollout's progress counts once it is seen
             self._release_waiting()
 
     async def close(self) -> None:
@@ -153,17 +152,20 @@ class Reconciler:
             report.gone = True  # gone or going: ownerReferences let the garbage collector remove the children
             self.scheduler.retire(key)
             self.pacer.forget(key)
+            self._tell_waiting()
             self.cache.forget_instance(namespace, name)
             self._rendered.pop(key, None)
             self._pinned.pop(key, None)
+            self._unplaced.pop(key, None)
             self._release_waiting()
             logger.debug("pass %s/%s: the ScoringModel is gone", *key, extra={"pass_report": report})
             return None
         if self._settling(key, int(body["metadata"].get("generation") or 0)):
             if fresh:
                 self._fresh_wanted.add(key)
+            report.held = True
             logger.debug("pass %s/%s: a spec edit within %.1fs of the last one rendered: held", *key,
-                         self.settings.debounce_seconds)
+                         self.settings.debounce_seconds, extra={"pass_report": report})
             return None
         children = Children(self.api, self.cache, self.pacer, namespace, name, fresh)
         model, error = self._parse(body)
@@ -205,11 +207,13 @@ class Reconciler:
         if refused is not None and error is None:  # a 403 on a LIST: in status like a refused write, re-checked
             error = refused
             desired = replace(desired, config_error=error)
-        assessment = compute_status(desired, observed, body.get("status") or {}, self._clock())
-        if model is not None and self.pacer.report(key, observed.deployment, _degraded(assessment.status),
-                                                   _ready_note(assessment.status)):
-            for waiting in self.pacer.waiting:  # what they say about the wave changed
-                self.scheduler.trigger(waiting)
+        now = self._clock()
+        self._unplaced[key] = placement_clock(observed.pods, self._unplaced.get(key, {}), now)
+        observed = replace(observed, unplaced_since=self._unplaced[key])
+        assessment = compute_status(desired, observed, body.get("status") or {}, now)
+        if model is not None:
+            self.pacer.report(key, observed.deployment, _degraded(assessment.status), stall_reason(assessment.status))
+        self._tell_waiting()
         if await self._write_status(body, assessment.status):
             report.wrote.append("status")
             if error is not None and await self._announce(body, error):
@@ -306,6 +310,13 @@ class Reconciler:
             delays.append(self.settings.poll_seconds)
         report.next_pass_in = min(delays)
         self.scheduler.after(key, report.next_pass_in)
+
+    def _tell_waiting(self) -> None:
+        """When what the waiting models say about the wave changed (a holder got stuck, or stopped being): a pass
+        each. Never while the holders move, so a wave costs each waiting model a write or two, not one per step."""
+        if self.pacer.news():
+            for waiting in self.pacer.waiting:
+                self.scheduler.trigger(waiting)
 
     def _release_waiting(self) -> None:
         """Free rollout slots go to the models that have waited longest: one pass each, not one per waiting model."""

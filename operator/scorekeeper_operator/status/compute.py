@@ -72,6 +72,8 @@ class Observed:
     pods: list[dict[str, Any]] = field(default_factory=list)
     events: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # pod name → its Events
     autoscaler: dict[str, Any] | None = None
+    # pod name → when the operator first saw it wait to be placed (pods.placement_clock); absent: now
+    unplaced_since: dict[str, datetime] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,22 @@ def _deployment_failure(deployment: dict[str, Any] | None) -> PodFailure | None:
     return None
 
 
+def _for_want_of_room(failure: PodFailure | None, states: list[PodState],
+                      config_hash: str | None) -> PodFailure | None:
+    """Past the Deployment's progress deadline with nothing wrong but pods that wait to be placed (Karpenter keeps
+    nominating a node that never comes, and a node on its way has no deadline of ours): the rollout failed for want
+    of room, like Unschedulable, not because of what it rolls out."""
+    if failure is None or failure.reason != "ProgressDeadlineExceeded":
+        return failure
+    stuck = [s for s in states if not s.ready and not s.terminal and s.config_hash in (config_hash, None)]
+    waits = [s.wait for s in stuck if s.wait is not None and s.wait.reason in SCHEDULING_WAITS]
+    if not stuck or len(waits) < len(stuck):
+        return failure
+    places = "; ".join(f"{w.pod}: {w.message}" for w in waits[:3])
+    return PodFailure("Unschedulable", f"past its progress deadline the rollout's pods still wait to be placed:"
+                      f" {places} ({failure.message})".replace(" ()", ""), failure.pod)
+
+
 def _summary(states: list[PodState]) -> str:
     waits = [s.wait for s in states if s.wait is not None]
     return "; ".join(f"{w.pod}: {w.reason} ({w.message})" for w in waits[:3]) + ("; …" if len(waits) > 3 else "")
@@ -155,16 +173,20 @@ def compute_status(desired: Desired, observed: Observed, previous: dict[str, Any
         and dep_status.get("observedGeneration", 0) >= dep["metadata"].get("generation", 0)
     rolled_out = current and updated >= want and total == updated
 
+    earlier = previous.get("lastFailure") or {}
+    failed_unplaced = earlier.get("pod") if earlier.get("reason") == "Unschedulable" else None
     states = [pod_state(p, pod_events(observed.events.get(p["metadata"]["name"], [])), CONFIG_HASH_ANNOTATION,
                         now=now, startup_seconds=desired.startup_seconds,
-                        scheduling_deadline=desired.scheduling_deadline)
+                        scheduling_deadline=desired.scheduling_deadline,
+                        unplaced_since=observed.unplaced_since.get(p["metadata"]["name"]),
+                        failed_before=p["metadata"]["name"] == failed_unplaced)
               for p in observed.pods if not p["metadata"].get("deletionTimestamp")]
     # A pod the kubelet evicted or refused stays behind as phase Failed (for days); its replacement is another pod.
     # It matters while capacity is short and a replacement may still be on its way, then it is history (lastFailure).
     recent = [s for s in states if s.terminal and (s.current_for is None or s.current_for > 0)]
     pod_failures = sorted((s.failure for s in states if s.failure is not None
                            and (not s.terminal or (ready < want and s in recent))), key=lambda f: f.severity)
-    dep_failure = _deployment_failure(dep)
+    dep_failure = _for_want_of_room(_deployment_failure(dep), states, config_hash)
     failures = [*pod_failures, *([dep_failure] if dep_failure else [])]
     worst = failures[0] if failures else None
     loaded = [s for s in states if s.ready and s.config_hash == config_hash]

@@ -182,25 +182,48 @@ def _terminal_failure(pod: dict[str, Any]) -> PodFailure:
     return PodFailure("PodFailed", f"{reason}: {message}", name, time=_failed_at(pod))
 
 
-def _scheduling(pod: dict[str, Any], events: PodEvents, now: datetime, deadline: float) -> PodFailure | PodWait:
+def waits_to_be_placed(pod: dict[str, Any]) -> bool:
+    """The scheduler found no node for it (PodScheduled=False, Unschedulable)."""
+    status = pod.get("status") or {}
+    return _condition(pod, "PodScheduled").get("reason") == "Unschedulable" and status.get("phase") != "Failed" \
+        and not is_ready(pod)
+
+
+def placement_clock(pods: list[dict[str, Any]], before: dict[str, datetime], now: datetime) -> dict[str, datetime]:
+    """When the operator first saw each pod that waits to be placed (kept from `before`, else `now`), by name. The
+    scheduling deadline counts from there, on the operator's clock: the scheduler's timestamps come from another
+    machine's clock (15 minutes ahead, a pod pending for 0 s was already past a 600 s deadline)."""
+    return {pod["metadata"]["name"]: before.get(pod["metadata"]["name"], now) for pod in pods
+            if waits_to_be_placed(pod)}
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds // 60:.0f} min"
+
+
+def _scheduling(pod: dict[str, Any], events: PodEvents, now: datetime, deadline: float, since: datetime,
+                failed_before: bool) -> PodFailure | PodWait:
     scheduled = _condition(pod, "PodScheduled")
     name, message = pod["metadata"]["name"], scheduled.get("message") or "no node fits the pod"
-    since = _parse_time(scheduled.get("lastTransitionTime")) or now
-    waited = (now - since).total_seconds()
+    waited = max(0.0, (now - since).total_seconds())
     if events.no_scale_up is not None:
         return PodFailure("Unschedulable", _trim(f"{message}; the cluster-autoscaler cannot add a node:"
                                                  f" {events.no_scale_up}"), name, time=scheduled.get(
                                                      "lastTransitionTime"))
     if events.scale_up is not None:  # no deadline of ours: GPU nodes take long, and the autoscaler says if it fails
         return PodWait("NodeProvisioning", _trim(f"a node is being added: {events.scale_up}"), name)
-    if waited >= deadline:
-        return PodFailure("Unschedulable", _trim(f"{message} (for {waited / 60:.0f} min)"), name,
+    if waited >= deadline or failed_before:  # failed_before: past its deadline before this operator started
+        said = f"for {_duration(waited)}" if waited >= deadline else "past its scheduling deadline"
+        return PodFailure("Unschedulable", _trim(f"{message} ({said})"), name,
                           time=scheduled.get("lastTransitionTime"))
     return PodWait("Scheduling", _trim(message), name, deadline - waited)
 
 
 def pod_state(pod: dict[str, Any], events: PodEvents, config_hash_key: str, *, now: datetime,
-              startup_seconds: int, scheduling_deadline: float) -> PodState:
+              startup_seconds: int, scheduling_deadline: float, unplaced_since: datetime | None = None,
+              failed_before: bool = False) -> PodState:
+    """`unplaced_since`: when the operator first saw it wait to be placed (None: now); `failed_before`: the previous
+    status already named it Unschedulable (an operator restart does not turn that back into a wait)."""
     meta, status = pod["metadata"], pod.get("status") or {}
     config_hash = (meta.get("annotations") or {}).get(config_hash_key)
     state = PodState(meta["name"], config_hash, ready=is_ready(pod), terminal=status.get("phase") == "Failed")
@@ -215,7 +238,7 @@ def pod_state(pod: dict[str, Any], events: PodEvents, config_hash_key: str, *, n
     if state.ready:
         return state
     if _condition(pod, "PodScheduled").get("reason") == "Unschedulable":
-        outcome = _scheduling(pod, events, now, scheduling_deadline)
+        outcome = _scheduling(pod, events, now, scheduling_deadline, unplaced_since or now, failed_before)
         return replace(state, failure=outcome) if isinstance(outcome, PodFailure) else replace(state, wait=outcome)
     containers = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
     failures = [f for c in containers if (f := _container_failure(pod, c, events, startup_seconds)) is not None]

@@ -1,7 +1,7 @@
 """hf:// revisions, with the real operator against the emulator and a fake Hugging Face Hub on loopback: a revision is
-resolved to a commit once and stays that commit across replicas, operator restarts and moves of the branch; another
-revision in the spec resolves again; a 40-hex revision never asks the Hub; refusals and outages are reported or
-retried; an air-gapped operator never downloads."""
+resolved to a commit once and stays that commit across replicas, operator restarts, a failed status write and moves
+of the branch; another revision in the spec resolves again; a 40-hex revision never asks the Hub; refusals and
+outages are reported or retried; an air-gapped operator never downloads."""
 
 from __future__ import annotations
 
@@ -67,6 +67,23 @@ async def test_a_branch_is_resolved_once_and_every_replica_and_restart_keeps_tha
         await cluster.wait_for(lambda: (pinned(cluster) or ("", "", 0))[2] == 2, what="2 replicas")
         assert pinned(cluster) == (first, f"/models/org/name/{first}", 2)
         assert model_status(cluster)["model"]["resolvedRevision"] == first
+    assert hub.calls("GET", REVISION_CALL) == 1
+
+
+async def test_a_commit_whose_status_write_failed_is_kept_without_asking_the_hub_again(cluster: Cluster,
+                                                                                    hub: FakeHub) -> None:
+    """The pass that resolved the branch could not record the commit (its status write failed); the branch moves
+    before the retry, whose read of the ScoringModel shows no commit: the operator remembers the one it resolved."""
+    first = hub.commit("org/name", FILES)
+    hold = cluster.emulator.hold("PATCH", "scoringmodels", subresource="status")
+    async with running_operator(cluster, env=operator_env(hub)):
+        await create(cluster, revision="main")
+        await cluster.wait_for(lambda: hold.held, what="the commit being recorded")
+        moved = hub.commit("org/name", {**FILES, "model.safetensors": b"retrained"})  # main moves on
+        hold.release(fail_with=503)  # that write fails; the pass is retried
+        await cluster.wait_for(lambda: pinned(cluster), what="deployment")
+        assert pinned(cluster) == (first, f"/models/org/name/{first}", 1) and moved != first
+        await cluster.wait_for(lambda: model_status(cluster).get("model", {}).get("resolvedRevision") == first)
     assert hub.calls("GET", REVISION_CALL) == 1
 
 

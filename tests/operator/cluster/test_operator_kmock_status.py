@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from cluster_actors import add_worker_pod, post_event, set_deployment_status, set_pod_status, timestamp
 from harness import NAMESPACE, Cluster
-from model_checks import condition, created, model_status
+from model_checks import condition, created, model_status, reached
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 LOAD_ERROR = ("model /models/qwen3-reranker cannot be loaded: config.json declares architecture Qwen3ForCausalLM,"
@@ -44,11 +44,10 @@ async def test_a_model_load_failure_is_degraded_with_the_workers_own_message(ope
         "name": "worker", "ready": False, "restartCount": 1, "state": {"running": {"startedAt": timestamp(2)}},
         "lastState": {"terminated": {"exitCode": 3, "reason": "Error", "message": LOAD_ERROR,
                                      "startedAt": timestamp(60), "finishedAt": timestamp(3)}}}])
-    await operator.wait_for(lambda: condition(operator, "Degraded") == ("True", "ModelLoadFailed"), what="Degraded")
-    status = model_status(operator)
+    status = await reached(operator, phase="Degraded", Degraded=("True", "ModelLoadFailed"),
+                           ModelLoaded=("False", "ModelLoadFailed"))
     degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
     assert degraded["message"] == f"reranker-0: {LOAD_ERROR}"
-    assert status["phase"] == "Degraded" and condition(operator, "ModelLoaded") == ("False", "ModelLoadFailed")
     assert status["lastFailure"]["message"] == LOAD_ERROR and status["lastFailure"]["exitCode"] == 3
 
 
@@ -64,10 +63,11 @@ async def test_hpa_scale_up_onto_a_node_being_added_keeps_ready(operator: Cluste
             "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}])
         await post_event(operator, pod, "TriggeredScaleUp", "pod triggered scale-up: [{gpu-pool 3->4 (max: 8)}]",
                          kind="Normal", seconds_ago=890)
+    # The pods (their waits) and the Deployment (its counts) come on different streams: one status with both.
     await operator.wait_for(lambda: "NodeProvisioning" in next(
-        c["message"] for c in model_status(operator)["conditions"] if c["type"] == "Progressing"), what="provisioning")
-    assert condition(operator, "Progressing") == ("True", "PodsStarting")
-    assert condition(operator, "Degraded") == ("False", "Healthy") and model_status(operator)["phase"] == "Ready"
+        c["message"] for c in model_status(operator)["conditions"] if c["type"] == "Progressing")
+        and condition(operator, "Progressing") == ("True", "PodsStarting"), what="provisioning")
+    await reached(operator, phase="Ready", Progressing=("True", "PodsStarting"), Degraded=("False", "Healthy"))
     await operator.reconciled()
     assert set(ready_history(operator)[before:]) == {"True"}  # never False, in any status the operator wrote
 
@@ -80,9 +80,8 @@ async def test_one_pod_restarting_keeps_ready(operator: Cluster) -> None:
         "lastState": {"terminated": {"exitCode": 137, "reason": "Error", "startedAt": timestamp(3600),
                                      "finishedAt": timestamp()}}}])
     await set_deployment_status(operator, ready=1)
-    await operator.wait_for(lambda: condition(operator, "Progressing") == ("True", "PodsStarting"), what="restart")
-    assert condition(operator, "Ready") == ("True", "MinimumReplicasAvailable")
-    assert condition(operator, "Degraded") == ("False", "Healthy")
+    await reached(operator, Progressing=("True", "PodsStarting"), Ready=("True", "MinimumReplicasAvailable"),
+                  Degraded=("False", "Healthy"))
     await set_pod_status(operator, "reranker-1", ready=True, ready_since=timestamp())
     await set_deployment_status(operator, ready=2)
     await operator.wait_for(lambda: condition(operator, "Ready") == ("True", "AllReplicasReady"), what="back")
@@ -119,8 +118,7 @@ async def test_pods_the_kubelet_threw_out_are_reported(operator: Cluster, pod_re
                          message="The node was low on resource: memory." if pod_reason == "Evicted"
                          else "Allocate failed due to no healthy devices present; cannot allocate unhealthy devices")
     await set_deployment_status(operator, ready=0)
-    await operator.wait_for(lambda: condition(operator, "Degraded") == ("True", expected), what=expected)
-    assert condition(operator, "Ready") == ("False", expected)
+    await reached(operator, Degraded=("True", expected), Ready=("False", expected))
 
 
 async def test_a_startup_probe_timeout_is_named(operator: Cluster) -> None:
@@ -155,7 +153,7 @@ async def test_non_canonical_quantities_are_applied_once(operator: Cluster) -> N
                                    "limits": {"memory": "1536Mi"}}
     await add_worker_pod(operator, "reranker-0")
     await set_deployment_status(operator, ready=1)  # events on the Deployment and its pod: passes, no applies
-    await operator.wait_for(lambda: condition(operator, "Ready") == ("True", "AllReplicasReady"))
+    await reached(operator, Ready=("True", "AllReplicasReady"), ModelLoaded=("True", "WorkerReady"))  # both seen
     report = await operator.reconciled()
     assert report.wrote == []
     applies = [c for c in operator.emulator.calls if c.resource == "deployments" and c.verb == "patch"]

@@ -29,12 +29,14 @@ DROP = "DROP"  # the bus item that ends every watch stream open at the time
 @attrs.define
 class Hold:
     """Requests with this method on this resource wait, unanswered, until released. `watch`: only watch requests;
-    `cluster_wide`: only requests across all namespaces (kopf's LISTs and WATCHes, not the reconciler's reads)."""
+    `cluster_wide`: only requests across all namespaces (kopf's LISTs and WATCHes, not the reconciler's reads);
+    `subresource`: only requests to it ("" for the main resource)."""
 
     method: str
     plural: str
     watch: bool = False
     cluster_wide: bool = False
+    subresource: str | None = None
     held: int = 0  # requests that arrived while holding
     fail_with: int | None = None  # released with this HTTP status instead of being served
     released: asyncio.Event = attrs.field(factory=asyncio.Event)
@@ -50,8 +52,9 @@ class ClusterEmulator(RealisticEmulator):
     delivered: collections.defaultdict[str, list[str]] = attrs.field(factory=lambda: collections.defaultdict(list))
     _holds: list[Hold] = attrs.field(factory=list)
 
-    def hold(self, method: str, plural: str, *, watch: bool = False, cluster_wide: bool = False) -> Hold:
-        hold = Hold(method.upper(), plural, watch, cluster_wide)
+    def hold(self, method: str, plural: str, *, watch: bool = False, cluster_wide: bool = False,
+             subresource: str | None = None) -> Hold:
+        hold = Hold(method.upper(), plural, watch, cluster_wide, subresource)
         self._holds.append(hold)
         return hold
 
@@ -92,7 +95,8 @@ class ClusterEmulator(RealisticEmulator):
             cluster_wide = request.namespace is None and request.name is None
             for hold in self._holds:
                 if (request.method.value, res.plural) == (hold.method, hold.plural) and not hold.released.is_set() \
-                        and (watch or not hold.watch) and (cluster_wide or not hold.cluster_wide):
+                        and (watch or not hold.watch) and (cluster_wide or not hold.cluster_wide) \
+                        and hold.subresource in (None, request.subresource or ""):
                     hold.held += 1
                     await hold.released.wait()
                     if hold.fail_with is not None:

@@ -115,13 +115,16 @@ def test_a_model_that_failed_for_want_of_room_frees_its_slot_and_the_wait_names_
     holder = paced("alpha", want=1, capacity=1, total=1, updated=1, ready=0)
     cache.put("deployments", holder)
     pacer = Pacer(1, cache)
-    assert pacer.report((NAMESPACE, "alpha"), holder, "", "PodsUnschedulable: no GPU") is True
-    assert "ml/alpha holds one (PodsUnschedulable: no GPU)" in pacer.wait_note() and pacer.next_up() == []
-    assert pacer.report((NAMESPACE, "alpha"), holder, "", "PodsUnschedulable: no GPU") is False  # nothing new
+    pacer.report((NAMESPACE, "alpha"), holder, "", "PodsUnschedulable")
+    assert "ml/alpha holds one and is stuck (PodsUnschedulable)" in pacer.wait_note() and pacer.next_up() == []
+    assert pacer.news() is True
+    pacer.report((NAMESPACE, "alpha"), holder, "", "PodsUnschedulable")
+    assert pacer.news() is False  # nothing new
     pacer.waiting[(NAMESPACE, "bravo")] = None
-    assert pacer.report((NAMESPACE, "alpha"), holder, "Unschedulable", "") is True
-    assert pacer.next_up() == [(NAMESPACE, "bravo")]
-    assert pacer.report((NAMESPACE, "alpha"), holder, "CrashLoopBackOff", "") is False  # no longer in a slot
+    pacer.report((NAMESPACE, "alpha"), holder, "Unschedulable", "Unschedulable")
+    assert pacer.next_up() == [(NAMESPACE, "bravo")] and pacer.news() is True
+    pacer.report((NAMESPACE, "alpha"), holder, "CrashLoopBackOff", "CrashLoopBackOff")
+    assert pacer.news() is False and "alpha" not in pacer.wait_note()  # no longer in a slot
 
 
 def test_a_child_is_adoptable_only_from_an_older_scoring_model_of_the_same_name() -> None:

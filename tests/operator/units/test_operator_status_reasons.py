@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -27,9 +27,12 @@ LOAD_ERROR = ("model /models/qwen3-reranker cannot be loaded: config.json declar
 
 
 def degraded(pods: list[dict[str, Any]], *, want: int = 1, ready: int = 0,
-             events: dict[str, list[dict[str, Any]]] | None = None) -> tuple[tuple[str, str], dict[str, Any]]:
+             events: dict[str, list[dict[str, Any]]] | None = None,
+             seen: dict[str, datetime] | None = None) -> tuple[tuple[str, str], dict[str, Any]]:
+    """`seen`: when the operator first saw each pod wait to be placed (absent: now)."""
     r = rendered(replicas=want)
-    status = assess(desired(r, want), Observed(rolled(r.config_hash, want, ready), pods, events or {})).status
+    status = assess(desired(r, want), Observed(rolled(r.config_hash, want, ready), pods, events or {},
+                                               unplaced_since=seen or {})).status
     return conditions(status)["Degraded"], status
 
 
@@ -177,10 +180,11 @@ def test_an_oom_kill_while_loading_is_a_failure() -> None:
 
 
 def test_unschedulable_is_a_wait_until_the_deadline() -> None:
-    young = unscheduled("a", _hash(), since=at(SCHEDULING_DEADLINE_SECONDS - 1))
-    assert degraded([young])[0] == ("False", "Healthy")
-    old = unscheduled("a", _hash(), since=at(SCHEDULING_DEADLINE_SECONDS))
-    found, status = degraded([old])
+    """Counted from when the operator first saw the wait (its own clock), not from the scheduler's timestamp."""
+    pending = unscheduled("a", _hash(), since=at(SCHEDULING_DEADLINE_SECONDS * 2))
+    young = NOW - timedelta(seconds=SCHEDULING_DEADLINE_SECONDS - 1)
+    assert degraded([pending], seen={"a": young})[0] == ("False", "Healthy")
+    found, status = degraded([pending], seen={"a": NOW - timedelta(seconds=SCHEDULING_DEADLINE_SECONDS)})
     assert found == ("True", "Unschedulable") and "Insufficient nvidia.com/gpu" in message(status, "Degraded")
 
 
