@@ -86,7 +86,8 @@ def in_process(model: Path, workload: dict[str, Any], reps: int) -> list[list[st
 
         def on_batch(stats: BatchStats) -> None:
             nonlocal seconds
-            seconds += stats.inputs_seconds + stats.forward_seconds + stats.scoring_seconds
+            seconds += (stats.pack_seconds + stats.copy_in_seconds + stats.device_seconds + stats.heads_seconds
+                        + stats.copy_out_seconds)
 
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         scored(score_now(executor, [ask], limits, BATCH_TOKENS, on_batch))  # the server's default --max-batch-tokens

@@ -71,9 +71,9 @@ def score_once(model: ScoringModel, ask: ScoreAsk, max_batch_tokens: int) -> dic
     (job,) = scored(score_now(executor, [ask], Limits(max_batch_tokens=max_batch_tokens), max_batch_tokens,
                               batches.append))
     seconds = time.perf_counter() - started
-    stages["inputs"] = sum(b.inputs_seconds for b in batches)
-    stages["forward"] = sum(b.forward_seconds for b in batches)
-    stages["scoring"] = sum(b.scoring_seconds for b in batches)
+    stages["inputs"] = sum(b.pack_seconds + b.copy_in_seconds for b in batches)
+    stages["forward"] = sum(b.device_seconds for b in batches)
+    stages["scoring"] = sum(b.heads_seconds + b.copy_out_seconds for b in batches)
     stages["tokenize+plan"] = seconds - stages["inputs"] - stages["forward"] - stages["scoring"]
     assert job.remaining == 0
     stages["batches"] = len(batches)

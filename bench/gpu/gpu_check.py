@@ -5,7 +5,7 @@
     .venv/bin/python bench/gpu/gpu_check.py --model .cache/models/qwen3-0.6b-geometry --dtype bfloat16 \
         --buckets 256,512,1024,2048,4096 --max-seqs 256 --mis-shapes 512x100,128x100,512x10
     .venv/bin/python bench/gpu/gpu_check.py --cpu-dry-run --quick             # the script itself, on CPU, capture off
-    .venv/bin/python -m pytest -m cuda tests/worker/engine/test_cuda.py          # the same checks as tests
+    .venv/bin/python -m pytest -m cuda tests/worker/engine/runner/test_cuda.py   # the same checks as tests
 
 For each model, dtype and graph layout (dense: `--attention-backend sdpa`; flex: FlexAttention through Triton):
 1. capture: every bucket, largest first, one memory pool; seconds and memory per bucket, failures;
@@ -14,7 +14,7 @@ For each model, dtype and graph layout (dense: `--attention-backend sdpa`; flex:
    reference;
 3. compiled FlexAttention equals the row-block reference (eager);
 4. latency at small batches: graph (pack, copy into buffers, replay) against eager (pack, forward), medians;
-5. copy overhead of pooled hidden states: pinned + non-blocking + CUDA events (`device_copy.host_vectors`) against
+5. copy overhead of pooled hidden states: pinned + non-blocking + CUDA events (`heads.copy_vectors`) against
    a plain `.cpu().tolist()`;
 6. decoders: multi-item scoring throughput (bench/gpu/gpu_mis.py): items/s of MIS (eager, and replayed through each
    layout's graphs where a bucket fits) against single-item packing, and MIS rows equal to single-item rows.
@@ -37,10 +37,11 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "worker"), str(REPO / "tests" / "support"),
-                 str(REPO / "tests" / "worker" / "engine")]  # test_graph_shaped.batches_for
+                 str(REPO / "tests" / "worker" / "engine" / "runner")]  # test_graph_shaped.batches_for
 
 import torch  # noqa: E402
 from scorekeeper_worker.library import (  # noqa: E402
+    CopyStats,
     DType,
     GraphRunner,
     LayoutKind,
@@ -48,7 +49,7 @@ from scorekeeper_worker.library import (  # noqa: E402
     Pool,
     ScoringModel,
     build_inputs,
-    host_vectors,
+    copy_vectors,
     load_model,
     pooled_rows,
 )
@@ -181,6 +182,13 @@ def check_flex(model: ScoringModel) -> dict[str, Any]:
     return {"max_abs_diff": error, "ok": error <= atol + rtol * max(1.0, reference.abs().max().item())}
 
 
+def _copied(rows: torch.Tensor) -> tuple[list[list[float]], float]:
+    """Pooled vectors to Python floats the way a batch's heads send them back: (values, seconds counted)."""
+    copy, copies = copy_vectors(rows), CopyStats()
+    sync(rows.device)
+    return copy.values(copies), copies.seconds
+
+
 def check_copies(model: ScoringModel, reps: int) -> dict[str, Any]:
     device = model.device
     out: dict[str, Any] = {}
@@ -188,9 +196,9 @@ def check_copies(model: ScoringModel, reps: int) -> dict[str, Any]:
         # Not torch.randn: after a failed capture the CUDA generator can refuse every later draw.
         rows = (torch.arange(count * model.hidden_size, device=device, dtype=torch.float32) / 997).sin()
         rows = rows.view(count, model.hidden_size).to(model.dtype)
-        measured = statistics.median(host_vectors(rows)[1] * 1000 for _ in range(reps))
+        measured = statistics.median(_copied(rows)[1] * 1000 for _ in range(reps))
         plain = median_ms(lambda rows=rows: rows.cpu().float().tolist(), device, reps)
-        values_ok = host_vectors(rows)[0] == rows.float().cpu().tolist()
+        values_ok = _copied(rows)[0] == rows.float().cpu().tolist()
         out[str(count)] = {"helper_ms": round(measured, 4), "plain_cpu_tolist_ms": round(plain, 4),
                            "values_ok": values_ok}
     return out

@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "worker")]
 
 import torch  # noqa: E402
-from scorekeeper_worker.engine.runner.packing import GraphShape, PackUnit, Pool, build_inputs  # noqa: E402
+from scorekeeper_worker.engine.runner.batch_inputs import build_inputs  # noqa: E402
+from scorekeeper_worker.engine.runner.packing import GraphShape, PackUnit, Pool  # noqa: E402
 from scorekeeper_worker.model.kernels.attention import LayoutKind, token_allowed  # noqa: E402
 from scorekeeper_worker.model.kernels.flashinfer_plan import flashinfer_plan  # noqa: E402
 from scorekeeper_worker.model.kernels.flex import flex_block_mask  # noqa: E402

@@ -4,7 +4,7 @@
 #   [STEPS=test_cuda,profile,load,qwen3] bench/gpu/run.sh OUT_DIR [BUDGET_SECONDS] [TOKENIZER_DIR]
 #
 # Steps, in the order STEPS names them (default: all four, most needed first), each with a share of the budget:
-#   test_cuda  tests/worker/engine/test_cuda.py, the assertions CI cannot run (the compiled trunk's among them), in
+#   test_cuda  tests/worker/engine/runner/test_cuda.py, the assertions CI cannot run (the compiled trunk's among them), in
 #              parallel processes when pytest-xdist is there: each test compiles its own kernels, so one process
 #              needed over 140 s for three of them (2026-11-28);
 #   profile    bench/gpu/gpu_profile.py on the Qwen3-0.6B geometry (built by bench/gpu/make_qwen3_geometry.py; TOKENIZER_DIR:
@@ -43,7 +43,7 @@ for step in $(echo "${STEPS:-test_cuda,profile,load,qwen3}" | tr , ' '); do
     test_cuda)
         parallel=$("$py" -c "import xdist" 2>/dev/null && echo "-n 6")
         timeout "$(share 40)" "$py" -m pytest -m cuda -p no:cacheprovider -v $parallel --durations=0 \
-            tests/worker/engine/test_cuda.py > "$out/test_cuda.log" 2>&1
+            tests/worker/engine/runner/test_cuda.py > "$out/test_cuda.log" 2>&1
         ran test_cuda $? ;;
     profile)
         timeout "$(share 30)" "$py" bench/gpu/gpu_profile.py --model "$geometry" --dtype bfloat16 --bucket 8192 \

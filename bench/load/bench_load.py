@@ -8,6 +8,8 @@
         --preset sglang-mis --slo-ms 500 --compare mis,cuda-graph --probe 64 --step-seconds 30 --json load-gpu.json
     # a running worker (e.g. a Kubernetes Service): its tokenizer for the bodies, its metrics for the shares
     .venv/bin/python bench/load/bench_load.py --url http://scorer:8000 --tokenizer /models/m --slo-ms 500
+    # the host pipeline on a CPU, the device simulated at 21 ms per 8,192-token bucket (the H200's compiled replay)
+    .venv/bin/python bench/load/bench_load.py --preset sglang-mis --cuda-graph --simulate-device-ms 21 --slo-ms 500
 
 Each arm is one configuration (MIS on/off per request through `multi_item_scoring`; worker flags such as
 `--cuda-graph` or `--gc-freeze` per worker process). For each arm: warm-up requests, a burst that estimates its
@@ -15,6 +17,11 @@ capacity, then a QPS sweep (load_stats.SweepRule) from half that capacity, every
 of --step-seconds (at least --step-min-requests, at most --step-requests). Arms take turns step by step, so a noisy
 neighbour hits them alike. Prints one row per step and the best items/s at the SLO per arm, with the ratios between
 arms; --json writes it all.
+
+With --simulate-device-ms R every worker started here replaces each forward by a simulated device (R ms per 8,192
+tokens of its bucket; `--simulate-device-ms` in docs/configuration.md): everything else (HTTP, planning, the queue,
+packing, the copies into the bucket's buffers, the heads, the responses) is the real code. The figures are then the
+host pipeline's on a simulated device, never a GPU's speed; the report says so and gives the device's busy share.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
 
 from bench.harness.common import REPO, Worker, exit_on_sigterm, log, machine_note, markdown_table, set_threads
-from bench.load.load_metrics import parse, startup_note
+from bench.load.load_metrics import STEPS, parse, startup_note
 from bench.load.load_runner import Target, run_step
 from bench.load.load_stats import Step, SweepRule, best_at_slo, next_qps, poisson_arrivals
 from bench.load.load_workload import PRESETS, BodyPool, Mix, Shape, label_ids
@@ -51,11 +58,14 @@ class Arm:
 def arms_for(args: argparse.Namespace) -> list[Arm]:
     """The base arm from the flags, then one arm per --compare knob, flipped."""
     graphs = args.cuda_graph if args.cuda_graph is not None else args.device == "cuda"
-    knobs = {"cuda-graph": graphs, "gc-freeze": args.gc_freeze}
+    knobs = {"cuda-graph": graphs, "gc-freeze": args.gc_freeze, "pipeline": args.pipeline}
+
+    simulated = () if args.simulate_device_ms is None else ("--simulate-device-ms", str(args.simulate_device_ms))
 
     def flags(values: dict[str, bool]) -> tuple[str, ...]:
-        return ("--device", args.device, *(f"--{k}" if on else f"--no-{k}" for k, on in values.items()),
-                *args.worker_arg)
+        switches = (f"--pipeline-depth={2 if on else 1}" if k == "pipeline" else f"--{k}" if on else f"--no-{k}"
+                    for k, on in values.items())
+        return ("--device", args.device, *switches, *simulated, *args.worker_arg)
 
     def name(mis: bool, values: dict[str, bool]) -> str:
         return ", ".join(["MIS" if mis else "no MIS", *(f"{k} {'on' if on else 'off'}" for k, on in values.items())])
@@ -69,7 +79,7 @@ def arms_for(args: argparse.Namespace) -> list[Arm]:
             flipped = {**knobs, knob: not knobs[knob]}
             arms.append(replace(base, name=name(args.mis, flipped), worker_flags=flags(flipped)))
         else:
-            raise SystemExit(f"--compare: unknown knob {knob!r} (mis, cuda-graph, gc-freeze)")
+            raise SystemExit(f"--compare: unknown knob {knob!r} (mis, cuda-graph, gc-freeze, pipeline)")
     return arms
 
 
@@ -155,8 +165,9 @@ def step_rows(steps: list[Step], slo_ms: float) -> list[list[str]]:
     rows = []
     for s in steps:
         v = s.server
-        server = ["—"] * 6 if v is None else [
-            f"{100 * v.queue_share:.0f} %", f"{100 * v.tokenize_share:.1f} %", f"{100 * v.model_busy:.0f} %",
+        server = ["—"] * 7 if v is None else [
+            f"{100 * v.queue_share:.0f} %", f"{100 * v.tokenize_share:.1f} %", f"{100 * v.device_busy:.0f} %",
+            " / ".join(f"{v.steps_ms[step]:.1f}" for step in STEPS),
             f"{v.gc_collections} / {v.gc_full_collections} / {v.gc_pause_total_ms:.0f} ms / ≤ {_ms(v.gc_pause_max_ms)}",
             f"{v.tokens_per_s:.0f}", f"{100 * v.graph_share:.0f} %"]
         rows.append([s.arm, f"{s.qps:.3g}", f"{s.ok}/{s.sent}", str(s.rejected), str(s.errors + s.unfinished),
@@ -166,8 +177,8 @@ def step_rows(steps: list[Step], slo_ms: float) -> list[list[str]]:
 
 
 STEP_HEADER = ["arm", "QPS", "ok/sent", "429", "failed", "p50 ms", "p99 ms", "p99.9 ms", "items/s", "queue share",
-               "tokenize share", "model busy", "GC n / full / total / max", "tokens/s", "graph share", "send lag ms",
-               "load", "meets SLO"]
+               "tokenize share", "device busy", "ms per batch: " + " / ".join(STEPS), "GC n / full / total / max",
+               "tokens/s", "graph share", "send lag ms", "load", "meets SLO"]
 
 
 def summary(arms: list[Arm], steps: dict[str, list[Step]], mix: Mix, slo_ms: float) -> dict[str, object]:
@@ -205,9 +216,13 @@ def main() -> None:
     parser.add_argument("--mis", action=argparse.BooleanOptionalAction, default=True, help="base arm's MIS")
     parser.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, help="default: on with cuda")
     parser.add_argument("--gc-freeze", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--pipeline", action=argparse.BooleanOptionalAction, default=True,
+                        help="two batches in flight (--pipeline-depth 2); --no-pipeline: one")
     parser.add_argument("--compare", default="", help="comma-separated knobs flipped in extra arms: mis, "
-                        "cuda-graph, gc-freeze")
+                        "cuda-graph, gc-freeze, pipeline")
     parser.add_argument("--worker-arg", action="append", default=[], help="extra worker flag (repeatable)")
+    parser.add_argument("--simulate-device-ms", type=float, help="simulate the device: this many ms per 8,192 tokens "
+                        "of each forward's bucket (the host pipeline's speed, not a GPU's)")
     parser.add_argument("--slo-ms", type=float, default=500.0)
     parser.add_argument("--start-qps", type=float, help="default: half the capacity a burst measures")
     parser.add_argument("--growth", type=float, default=1.5)
@@ -262,13 +277,16 @@ def main() -> None:
         for worker in workers.values():
             worker.close()
     all_steps = [s for arm in arms for s in steps[arm.name]]
-    print(f"\n{args.model if not args.url else args.url}, {args.dtype} on {args.device}; {mix.name} "
+    device = args.device if args.simulate_device_ms is None else \
+        f"a simulated device ({args.simulate_device_ms:g} ms per 8,192 tokens: host pipeline, simulated device)"
+    print(f"\n{args.model if not args.url else args.url}, {args.dtype} on {device}; {mix.name} "
           f"({'text' if args.text else 'token ids'}); P99 SLO {args.slo_ms:g} ms; {machine_note()}\n")
     print(markdown_table(STEP_HEADER, step_rows(all_steps, args.slo_ms)) + "\n")
     for arm in arms:
         best = best_at_slo(steps[arm.name], args.slo_ms)
-        print(f"{arm.name}: " + (f"{best.items_per_s:.4g} items/s at P99 {best.p99_ms:.0f} ms ({best.qps:.3g} QPS)"
-                                 if best else "no step met the SLO"))
+        busy = f", device busy {100 * best.server.device_busy:.0f} %" if best and best.server else ""
+        print(f"{arm.name}: " + (f"{best.items_per_s:.4g} items/s at P99 {best.p99_ms:.0f} ms ({best.qps:.3g} QPS"
+                                 f"{busy})" if best else "no step met the SLO"))
     result = summary(arms, steps, mix, args.slo_ms)
     if args.json:
         base = best_at_slo(steps[arms[0].name], args.slo_ms)

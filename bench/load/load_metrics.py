@@ -3,7 +3,10 @@
 - queue share: Σ queue wait / Σ end-to-end latency of the step's requests (where their time went: waiting);
 - tokenize share: Σ `tokenize` stage (checks, tokenization, planning, including the hop to the thread pool) over Σ
   end-to-end; `tokenize_busy` is the same sum over the step's wall time (how much of a core it took);
-- model busy: Σ (`forward` + `scoring`) per batch over wall time, the model thread's utilisation (1.0 = saturated);
+- device busy: the device's time (`scorekeeper_device_busy_seconds_total`: CUDA events, or the simulated device's
+  time) over wall time, the share of the step the device computed (1.0 = never idle);
+- batch steps: the mean milliseconds per batch of each host step (pack, copy-in, heads, copy-out, respond) and of
+  the device (`scorekeeper_batch_step_seconds`);
 - GC: collections, total pause, the largest pause (as the upper bound of its histogram bucket), full collections;
 - tokens/s through the model (`scorekeeper_prompt_tokens_total`);
 - graph share: the step's forward batches replayed through a captured CUDA graph (`path="graph"`) over all of them
@@ -18,6 +21,8 @@ from dataclasses import dataclass
 from prometheus_client.parser import text_string_to_metric_families
 
 Sample = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+STEP = "scorekeeper_batch_step_seconds"
+STEPS = ("pack", "copy_in", "device", "heads", "copy_out", "respond")
 
 
 def parse(text: str) -> Sample:
@@ -40,7 +45,9 @@ class ServerView:
     queue_share: float
     tokenize_share: float
     tokenize_busy: float
-    model_busy: float
+    device_busy: float
+    batches: int
+    steps_ms: dict[str, float]  # mean per batch: pack, copy_in, device, heads, copy_out, respond
     gc_collections: int
     gc_full_collections: int
     gc_pause_total_ms: float
@@ -73,7 +80,10 @@ def view(before: Sample, after: Sample, wall_s: float) -> ServerView:
         queue_share=delta(stage, stage="queue") / end_to_end if end_to_end else 0.0,
         tokenize_share=tokenize / end_to_end if end_to_end else 0.0,
         tokenize_busy=tokenize / wall_s if wall_s else 0.0,
-        model_busy=(delta(stage, stage="forward") + delta(stage, stage="scoring")) / wall_s if wall_s else 0.0,
+        device_busy=delta("scorekeeper_device_busy_seconds_total") / wall_s if wall_s else 0.0,
+        batches=round(batches),
+        steps_ms={step: 1000 * delta(f"{STEP}_sum", step=step) / count if (count := delta(f"{STEP}_count", step=step))
+                  else 0.0 for step in STEPS},
         gc_collections=round(delta("scorekeeper_gc_pause_seconds_count")),
         gc_full_collections=round(delta("scorekeeper_gc_pause_seconds_count", generation="2")),
         gc_pause_total_ms=1000 * delta("scorekeeper_gc_pause_seconds_sum"),

@@ -171,18 +171,22 @@ def test_server_view_from_two_scrapes_of_the_real_metrics() -> None:
     metrics.gc_pauses.labels("0").observe(0.0003)
     metrics.gc_pauses.labels("2").observe(0.2)
     metrics.prompt_tokens.inc(1000)
+    metrics.device_busy_seconds.inc(9.0)
+    for pack_ms in (1.0, 3.0):
+        metrics.batch_step_seconds.labels("pack").observe(pack_ms / 1000)
     metrics.graph_runs.labels("graph", "256").inc(3)
     metrics.graph_runs.labels("eager", "none").inc()
     server = view(before, parse(generate_latest(metrics.registry).decode()), wall_s=10.0)
     assert server.queue_share == pytest.approx(0.25) and server.tokenize_share == pytest.approx(0.05)
-    assert server.tokenize_busy == pytest.approx(0.04) and server.model_busy == pytest.approx(0.6)
+    assert server.tokenize_busy == pytest.approx(0.04) and server.device_busy == pytest.approx(0.9)
+    assert server.steps_ms["pack"] == pytest.approx(2.0) and server.steps_ms["heads"] == 0.0  # no heads observed
     assert (server.gc_collections, server.gc_full_collections) == (2, 1)
     assert server.gc_pause_total_ms == pytest.approx(200.3)
     assert server.gc_pause_max_ms == pytest.approx(250.0)  # the 0.25 s bucket holds the largest pause
     assert server.tokens_per_s == pytest.approx(100.0)
     assert server.graph_share == pytest.approx(0.75)  # 3 of 4 batches replayed a graph
     idle = view(before, before, wall_s=0.0)  # a step with no request
-    assert (idle.model_busy, idle.tokenize_share, idle.gc_collections, idle.graph_share) == (0.0, 0.0, 0, 0.0)
+    assert (idle.device_busy, idle.tokenize_share, idle.gc_collections, idle.graph_share) == (0.0, 0.0, 0, 0.0)
 
 
 def test_startup_note_names_the_buckets_the_compiled_targets_and_the_failures() -> None:

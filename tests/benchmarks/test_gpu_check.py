@@ -11,8 +11,8 @@ from pathlib import Path
 import tiny_models
 import torch
 from scorekeeper_worker.base.config import DType
+from scorekeeper_worker.engine.runner.batch_inputs import build_inputs
 from scorekeeper_worker.engine.runner.forward import pooled_rows
-from scorekeeper_worker.engine.runner.packing import build_inputs
 from scorekeeper_worker.library import token_batches
 from scorekeeper_worker.model.loader import load_model
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 from scorekeeper_worker.api.server import create_app
 from scorekeeper_worker.base.config import DType, WorkerConfig
 from scorekeeper_worker.base.metrics import WorkerMetrics
-from scorekeeper_worker.engine.queue.scheduler import token_batches
+from scorekeeper_worker.engine.queue.batching import token_batches
+from scorekeeper_worker.engine.runner.batch_inputs import build_inputs
 from scorekeeper_worker.engine.runner.compiled_trunk import CompiledTrunk, compile_mode
 from scorekeeper_worker.engine.runner.cuda_graphs import GraphRunner
-from scorekeeper_worker.engine.runner.device_copy import host_vectors
 from scorekeeper_worker.engine.runner.executor import BatchStats, Executor
 from scorekeeper_worker.engine.runner.forward import pooled_rows
-from scorekeeper_worker.engine.runner.packing import PackUnit, Pool, build_inputs
+from scorekeeper_worker.engine.runner.heads import CopyStats, copy_vectors
+from scorekeeper_worker.engine.runner.packing import PackUnit, Pool
 from scorekeeper_worker.model.files import (
     fix_gguf_tokenizer,
     gguf_tokenizer_metadata,
@@ -48,13 +49,13 @@ from scorekeeper_worker.serving.startup.load import load
 from scorekeeper_worker.serving.startup.quantization import spearman
 
 __all__ = [
-    "BatchStats", "CompiledTrunk", "DType", "Executor", "FusedLinear", "GraphRunner", "LayoutKind", "LengthRules",
-    "Limits", "PackUnit", "Pool", "Pooling", "ScoreAsk", "ScoringModel", "WorkerConfig", "WorkerMetrics",
-    "block_tables", "bounded_ids", "build_inputs", "compile_mode", "create_app", "decision_selfcheck",
-    "fix_gguf_tokenizer", "freeze_after_load", "fuse_linears", "gguf_tokenizer_metadata", "host_vectors",
-    "keep_freed_memory", "load", "load_model", "minilm_path", "plan_units", "pooled_rows", "prepare_smollm2",
-    "resolve_decision_template", "save_converted", "score_now", "scored", "selfcheck", "smollm2_gguf_path",
-    "spearman", "tiled", "token_allowed", "token_batches",
+    "BatchStats", "CompiledTrunk", "CopyStats", "DType", "Executor", "FusedLinear", "GraphRunner", "LayoutKind",
+    "LengthRules", "Limits", "PackUnit", "Pool", "Pooling", "ScoreAsk", "ScoringModel", "WorkerConfig", "WorkerMetrics",
+    "block_tables", "bounded_ids", "build_inputs", "compile_mode", "copy_vectors", "create_app", "decision_selfcheck",
+    "fix_gguf_tokenizer", "freeze_after_load", "fuse_linears", "gguf_tokenizer_metadata", "keep_freed_memory", "load",
+    "load_model", "minilm_path", "plan_units", "pooled_rows", "prepare_smollm2", "resolve_decision_template",
+    "save_converted", "score_now", "scored", "selfcheck", "smollm2_gguf_path", "spearman", "tiled", "token_allowed",
+    "token_batches",
 ]
 
 

@@ -123,7 +123,7 @@ def failing(tiny_model: Callable[[str], Path]) -> Iterator[RunningServer]:
 
     scheduler = server.app.state.service.scheduler
     assert scheduler is not None
-    scheduler.executor.run = broken
+    scheduler.executor.fault = broken
     yield server
     server.stop()
 

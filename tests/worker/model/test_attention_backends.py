@@ -14,8 +14,9 @@ import pytest
 import torch
 from packed_units import mixed_units
 from scorekeeper_worker.base.config import DType
+from scorekeeper_worker.engine.runner.batch_inputs import build_inputs
 from scorekeeper_worker.engine.runner.forward import pooled_rows
-from scorekeeper_worker.engine.runner.packing import GraphShape, PackUnit, Pool, build_inputs
+from scorekeeper_worker.engine.runner.packing import GraphShape, PackUnit, Pool
 from scorekeeper_worker.model.kernels.attention import LayoutKind, TokenLayout, token_allowed
 from scorekeeper_worker.model.kernels.flex import block_tables, flex_block_mask, resolve_backend
 from scorekeeper_worker.model.loader import ScoringModel, load_model

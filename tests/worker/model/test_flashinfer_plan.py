@@ -9,7 +9,8 @@ import random
 
 import pytest
 import torch
-from scorekeeper_worker.engine.runner.packing import GraphShape, PackUnit, Pool, build_inputs
+from scorekeeper_worker.engine.runner.batch_inputs import build_inputs
+from scorekeeper_worker.engine.runner.packing import GraphShape, PackUnit, Pool
 from scorekeeper_worker.model.kernels.attention import LayoutKind, TokenLayout, token_allowed
 from scorekeeper_worker.model.kernels.flashinfer_plan import allowed, flashinfer_plan
 

@@ -11,8 +11,9 @@ import pytest
 import scorekeeper_worker.model.kernels.attention as attention
 import scorekeeper_worker.model.kernels.tiled as tiled
 import torch
-from scorekeeper_worker.engine.runner import packing
-from scorekeeper_worker.engine.runner.packing import PackUnit, Pool, build_inputs
+from scorekeeper_worker.engine.runner import row_blocks
+from scorekeeper_worker.engine.runner.batch_inputs import build_inputs
+from scorekeeper_worker.engine.runner.packing import PackUnit, Pool
 from scorekeeper_worker.model.kernels.attention import packed_attention
 
 HEADS, DIM = 4, 16
@@ -51,9 +52,10 @@ def test_packing_marks_whole_sequences_as_spans() -> None:
 
 
 def test_rows_that_are_not_runs_of_packed_tokens_have_no_spans() -> None:
-    rows = [packing._Row(tokens=[4, 5, 6], positions=[0, 1, 2]), packing._Row(tokens=[0, 2, 3], positions=[0, 1, 2])]
-    assert packing._row_block(rows, 9, CPU).spans == ()
-    assert packing._row_block(rows[:1], 9, CPU).spans == ((4, 3),)
+    rows = [row_blocks.Row(tokens=[4, 5, 6], positions=[0, 1, 2]),
+            row_blocks.Row(tokens=[0, 2, 3], positions=[0, 1, 2])]
+    assert row_blocks.row_block(rows, 9).spans == ()
+    assert row_blocks.row_block(rows[:1], 9).spans == ((4, 3),)
 
 
 @pytest.mark.parametrize(("causal", "kv_heads"), [(False, HEADS), (True, HEADS), (True, 2)])

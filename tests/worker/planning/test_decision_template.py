@@ -18,7 +18,7 @@ import httpx
 import pytest
 import reference
 from scorekeeper_worker.base.config import DType
-from scorekeeper_worker.engine.queue import decision_job
+from scorekeeper_worker.engine.runner import forward
 from scorekeeper_worker.engine.runner.executor import Executor
 from scorekeeper_worker.model.loader import load_model
 from scorekeeper_worker.model.templates.decision_template import PLAIN_TEMPLATE, resolve_decision_template
@@ -144,8 +144,8 @@ def test_self_check_catches_a_broken_option_readout(tiny_model: Callable[[str], 
     template = resolve_decision_template(model.tokenizer, None)
     assert decision_selfcheck.run(model, executor, template, multi_item=True) < 1e-5
     # An option's later tokens read at the wrong row: only the multi-token options move.
-    original = decision_job.token_log_probs
-    monkeypatch.setattr(decision_job, "token_log_probs", lambda m, rows, targets: original(m, rows.flip(0), targets))
+    original = forward.token_log_probs
+    monkeypatch.setattr(forward, "token_log_probs", lambda m, rows, targets: original(m, rows.flip(0), targets))
     with pytest.raises(SelfCheckFailed, match=r"decision answers deviate from plain transformers by \d"):
         decision_selfcheck.run(model, executor, template, multi_item=True)
     with pytest.raises(RuntimeError, match="decision answers deviate"):  # and the worker never becomes ready

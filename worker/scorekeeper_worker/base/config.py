@@ -92,6 +92,8 @@ class WorkerConfig(BaseModel):
     compile: CompileMode = CompileMode.AUTO
     compile_budget_seconds: float = Field(600.0, gt=0)
     compile_cache_dir: Path | None = None
+    pipeline_depth: int = Field(2, ge=1, le=2)
+    simulate_device_ms: float | None = Field(None, gt=0)
     drain_timeout_seconds: float = Field(30.0, ge=0)
     http_header_timeout_seconds: float = Field(10.0, gt=0)
     http_body_timeout_seconds: float = Field(20.0, gt=0)

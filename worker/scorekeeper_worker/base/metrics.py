@@ -24,6 +24,8 @@ COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 # The model thread's on-CPU share of a forward: 0.5 is two threads given one core's worth, 0.9 a quiet machine.
 CPU_SHARE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 STAGES = ("tokenize", "queue", "forward", "scoring", "serialize", "end_to_end")
+# A forward batch's steps (`batch_step_seconds`): on the host, then the device's time of the forward.
+BATCH_STEPS = ("pack", "copy_in", "device", "heads", "copy_out", "respond")
 REJECTIONS = ("queue_full", "body_too_large", "request_tokens", "response_bytes")
 CANCELLATIONS = ("disconnect", "timeout", "device_lost")
 SIZE_CLASSES = ("small", "medium", "large")  # queue wait by request size (`size_class`)
@@ -52,6 +54,17 @@ class WorkerMetrics:
         r = self.registry
         self.stage_seconds = Histogram("scorekeeper_stage_duration_seconds", "Time spent per request stage",
                                        ["stage"], buckets=STAGE_BUCKETS, registry=r)
+        self.batch_step_seconds = Histogram(
+            "scorekeeper_batch_step_seconds", "Each step of a forward batch. On the host: pack (the batch's tensors), "
+            "copy_in (into the device's buffers), heads (enqueueing them), copy_out (the results to Python floats), "
+            "respond (finishing the batch's requests). device: the forward's device time (CUDA events on a GPU, the "
+            "simulated device's time with --simulate-device-ms, the forward's wall time on CPU)", ["step"],
+            buckets=STAGE_BUCKETS, registry=r)
+        self.device_busy_seconds = Counter(
+            "scorekeeper_device_busy_seconds_total", "Device time of every forward batch: its rate is the share of "
+            "time the device computes (1 = never idle)", registry=r)
+        self.device_simulated = Gauge("scorekeeper_device_simulated", "1 when --simulate-device-ms replaces every "
+                                      "forward by a simulated device (a benchmark of the host pipeline)", registry=r)
         self.requests = Counter("scorekeeper_requests_total", "HTTP requests by endpoint and status code",
                                 ["endpoint", "code"], registry=r)
         self.rejected = Counter("scorekeeper_rejected_requests_total", "Requests refused for capacity",
@@ -147,6 +160,8 @@ class WorkerMetrics:
             self.gc_pauses.labels(generation)
         for stage in STAGES:
             self.stage_seconds.labels(stage)  # export every series from the start so dashboards have data
+        for step in BATCH_STEPS:
+            self.batch_step_seconds.labels(step)
         for mode in ("multi_item", "single_item"):
             self.items.labels(mode)
             self.score_requests.labels(mode)

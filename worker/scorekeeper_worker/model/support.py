@@ -2,9 +2,9 @@
 
 Data, not code paths: the loader refuses every (model type, architecture class) pair not listed here, and
 `scripts/gen_support_matrix.py` writes docs/support-matrix.md from it. Each listed pair has a tiny random model in
-tests/support/tiny_models.py whose served scores are compared with plain transformers, and every worker proves its own model
-at start-up (serving/startup/selfcheck.py). A head is a list of the model's OWN modules applied to the pooled trunk
-rows, so a new encoder needs a row here, not new code."""
+tests/support/tiny_models.py whose served scores are compared with plain transformers, and every worker proves its own
+model at start-up (serving/startup/selfcheck.py). A head is a list of the model's OWN modules applied to the pooled
+trunk rows, so a new encoder needs a row here, not new code."""
 
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ import asyncio
 from collections.abc import Callable
 
 from scorekeeper_worker.base.errors import Invalid
+from scorekeeper_worker.engine.queue.batching import token_batches
 from scorekeeper_worker.engine.queue.jobs import ScoreJob
-from scorekeeper_worker.engine.queue.scheduler import token_batches
 from scorekeeper_worker.engine.runner.executor import BatchStats, Executor
 from scorekeeper_worker.engine.runner.packing import PackUnit
 from scorekeeper_worker.planning.planner import ScoreAsk

@@ -130,7 +130,8 @@ def prepare(model: ScoringModel, ask: ScoreAsk, labels: list[list[int]] | None, 
                                        else limits.multi_item)
     score_plan = plan(model, ask, tokens, multi_item, limits.max_batch_tokens, limits.delimiter,
                       limits.max_request_tokens)
-    job = ScoreJob(num_items=len(tokens.items), apply_softmax=ask.apply_softmax, temperature=ask.temperature,
+    job = ScoreJob(num_items=len(tokens.items), kind=model.kind, apply_softmax=ask.apply_softmax,
+                   temperature=ask.temperature,
                    labels=None if labels is None else [labels[item] for item in tokens.rows_of],
                    want_pooled=ask.return_pooled_hidden_states or ask.embed, embed=ask.embed,
                    prompt_tokens=score_plan.prompt_tokens, multi_item=score_plan.multi_item, future=future, loop=loop)

@@ -60,14 +60,12 @@ def test_ready_turns_503_as_soon_as_draining_starts_while_in_flight_work_finishe
         wait_until_ready(url)
         scheduler = server.config.app.state.service.scheduler
         entered, release = threading.Event(), threading.Event()
-        run_batch = scheduler.executor.run
 
-        def held(*args: object) -> object:
+        def held(_batch: object) -> None:  # the model thread waits here, just before it packs the batch
             entered.set()
             assert release.wait(60)
-            return run_batch(*args)
 
-        scheduler.executor.run = held
+        scheduler.executor.fault = held
         results: list[httpx.Response] = []
         sender = threading.Thread(target=lambda: results.append(
             httpx.post(url + "/v1/score", json={"query": "q", "items": ["a", "b"]}, timeout=60)))
@@ -117,14 +115,12 @@ def test_requests_still_running_when_the_drain_time_runs_out_get_the_error_shape
         wait_until_ready(url)
         scheduler = server.config.app.state.service.scheduler
         entered = threading.Event()
-        run_batch = scheduler.executor.run
 
-        def held(*args: object) -> object:
+        def held(_batch: object) -> None:  # the model thread waits here, just before it packs the batch
             entered.set()
             release.wait(120)
-            return run_batch(*args)
 
-        scheduler.executor.run = held
+        scheduler.executor.fault = held
         results: list[httpx.Response] = []
         sender = threading.Thread(target=lambda: results.append(httpx.post(
             url + "/v1/score", json={"query": "q", "items": ["a"]}, headers={"x-request-id": "late-1"},

@@ -17,12 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import torch
-
 from scorekeeper_worker.engine.queue.jobs import Pending
-from scorekeeper_worker.engine.runner import forward
-from scorekeeper_worker.engine.runner.device_copy import CopyStats
-from scorekeeper_worker.model.loader import ScoringModel
+from scorekeeper_worker.engine.runner.heads import LabelProbs, NextTokenLogProb, RowHead, RowResult
 
 
 @dataclass(frozen=True)
@@ -66,18 +62,6 @@ def confidence(probabilities: list[float]) -> float:
     return min(1.0, max(0.0, (k * max(probabilities) - 1) / (k - 1)))
 
 
-def token_log_probs(model: ScoringModel, rows: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log p(targets[i] | row i) [n] in float32: a log-softmax over the full vocabulary (after Gemma2's final
-    softcapping), a chunk of rows at a time so memory does not grow with the rows of a job."""
-    head = model.model.get_output_embeddings()
-    step = max(1, forward.NORMALISER_ELEMENTS // model.logit_size)
-    out = []
-    for i in range(0, rows.shape[0], step):
-        logits = forward._softcap(model, head(rows[i:i + step]).float())
-        out.append(torch.log_softmax(logits, dim=-1).gather(1, targets[i:i + step, None])[:, 0])
-    return torch.cat(out)
-
-
 def _softmax(totals: list[float]) -> list[float]:
     top = max(totals)
     weights = [math.exp(total - top) for total in totals]
@@ -107,28 +91,23 @@ class DecisionJob(Pending[DecisionResult]):
             totals[target.question][target.option] += value
         return totals
 
-    def absorb(self, model: ScoringModel, slots: list[int], rows: torch.Tensor, copies: CopyStats) -> None:
+    def head(self, slot: int) -> RowHead:
+        """A question's last prompt token: the log of the softmax over its options' first tokens (the first term up to
+        a constant per question); an option's later token: its log-probability over the vocabulary."""
+        target = self.targets[slot]
+        options = self.questions[target.question].options
+        if target.option < 0:
+            return RowHead(LabelProbs(tuple(option[0] for option in options), True, 1.0, log=True))
+        return RowHead(NextTokenLogProb(options[target.option][target.token]))
+
+    def absorb(self, slots: list[int], rows: list[RowResult]) -> None:
         """Take this job's rows of one batch: each row's term of its question's option log-probabilities."""
-        features = forward.pre_head(model, rows.to(model.dtype))
-        targets = [self.targets[slot] for slot in slots]
-        ends: dict[int, list[int]] = {}  # question rows, grouped by their number of options
-        for at, target in enumerate(targets):
+        for slot, row in zip(slots, rows, strict=True):
+            target = self.targets[slot]
             if target.option < 0:
-                ends.setdefault(len(self.questions[target.question].options), []).append(at)
-        for positions in ends.values():
-            questions = [targets[at].question for at in positions]
-            labels = torch.tensor([[option[0] for option in self.questions[q].options] for q in questions],
-                                  device=features.device)
-            # log of the softmax over the first tokens: the first term up to a constant per question
-            first = forward.causal_lm_scores(model, features[positions], labels, True, 1.0)
-            for at, q, row in zip(positions, questions, first.log().tolist(), strict=True):
-                self.first[slots[at]] = (q, row)
-        later = [at for at, target in enumerate(targets) if target.option >= 0]
-        if later:
-            tokens = torch.tensor([self.questions[targets[at].question].options[targets[at].option][targets[at].token]
-                                   for at in later], device=features.device)
-            for at, value in zip(later, token_log_probs(model, features[later], tokens).tolist(), strict=True):
-                self.later[slots[at]] = value
+                self.first[slot] = (target.question, row.scores)
+            else:
+                self.later[slot] = row.scores[0]
         self.remaining -= len(slots)
 
     def probabilities(self) -> list[list[float]]:

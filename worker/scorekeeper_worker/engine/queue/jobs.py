@@ -8,11 +8,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-import torch
-
-from scorekeeper_worker.engine.runner import forward
-from scorekeeper_worker.engine.runner.device_copy import CopyStats, host_vectors
-from scorekeeper_worker.model.loader import ModelKind, ScoringModel
+from scorekeeper_worker.engine.runner.heads import (
+    ClassProbs,
+    Embedding,
+    LabelProbs,
+    QueryEmbedding,
+    QueryVector,
+    RowHead,
+    RowResult,
+    ScoreHead,
+    Similarity,
+)
+from scorekeeper_worker.model.loader import ModelKind
 
 QUERY_SLOT = -1  # embedding models pool the query once per request into this slot
 R = TypeVar("R")
@@ -43,7 +50,13 @@ class Pending(Generic[R]):
     def queue_seconds(self) -> float:
         return (self.started_at or self.enqueued_at) - self.enqueued_at
 
-    def absorb(self, model: ScoringModel, slots: list[int], rows: torch.Tensor, copies: CopyStats) -> None:
+    def head(self, slot: int) -> RowHead:
+        """What the pooled row of `slot` is scored with (the runner computes it for the whole batch at once)."""
+        raise NotImplementedError
+
+    def absorb(self, slots: list[int], rows: list[RowResult]) -> None:
+        """Take the results of this job's rows of one batch. Writes each slot's result (never adds to it), so a batch
+        retried after a failure (engine/queue/isolation.py) absorbs the same rows again harmlessly."""
         raise NotImplementedError
 
     def result(self) -> R:
@@ -63,6 +76,7 @@ Job = Pending[Any]  # what the scheduler holds: a ScoreJob, or a DecisionJob (en
 @dataclass(kw_only=True)
 class ScoreJob(Pending[JobResult]):
     num_items: int
+    kind: ModelKind
     apply_softmax: bool
     temperature: float
     labels: list[list[int]] | None  # causal LM: one label list per item
@@ -70,60 +84,36 @@ class ScoreJob(Pending[JobResult]):
     embed: bool = False  # embedding models: the items' embeddings (pooled, unit length if the model normalizes)
     scores: list[list[float] | None] = field(default_factory=list)
     pooled: list[list[float] | None] = field(default_factory=list)
-    query_embedding: torch.Tensor | None = None
+    query: QueryVector = field(default_factory=QueryVector)
 
     def __post_init__(self) -> None:
         self.scores = [None] * self.num_items
         self.pooled = [None] * self.num_items
 
-    def absorb(self, model: ScoringModel, slots: list[int], rows: torch.Tensor, copies: CopyStats) -> None:
-        """Score this job's pooled rows from one batch (slot = item index, or QUERY_SLOT)."""
-        if model.kind == ModelKind.EMBEDDING and QUERY_SLOT in slots:
-            at = slots.index(QUERY_SLOT)
-            self.query_embedding = forward.embeddings(model, rows[at:at + 1])[0]
-            self.remaining -= 1
-            slots, rows = slots[:at] + slots[at + 1 :], torch.cat([rows[:at], rows[at + 1 :]])
-        if not slots:
-            return
-        features = forward.pre_head(model, rows.to(model.dtype))
-        if model.kind == ModelKind.CAUSAL_LM:
-            scores = self._label_scores(model, slots, features)
+    def head(self, slot: int) -> RowHead:
+        """Slot = item index, or QUERY_SLOT (embedding models pool the query once per request)."""
+        if slot == QUERY_SLOT:
+            return RowHead(QueryEmbedding(self.query))
+        score: ScoreHead
+        if self.kind == ModelKind.CAUSAL_LM:
+            assert self.labels is not None
+            score = LabelProbs(tuple(self.labels[slot]), self.apply_softmax, self.temperature)
         elif self.embed:
-            scores = [[] for _ in slots]
-            features = forward.embeddings(model, features)
-        elif model.kind == ModelKind.EMBEDDING:
-            assert self.query_embedding is not None  # the query unit is planned first, so it is scored first
-            scores = forward.similarity_scores(model.sentence_config.similarity, self.query_embedding,
-                                             forward.embeddings(model, rows))
+            score = Embedding()
+        elif self.kind == ModelKind.EMBEDDING:
+            score = Similarity(self.query)
         else:
-            logits = forward.classifier_logits(model, features)
-            scores = forward.classifier_scores(logits, self.apply_softmax, self.temperature, model.multi_label)
-        for slot, row in zip(slots, scores if isinstance(scores, list) else scores.tolist(), strict=True):
-            self.scores[slot] = row
-        if self.want_pooled:
-            # The copy being measured: pinned + non-blocking + CUDA events on GPU. Host tensor → Python floats is
-            # part of the cost on every device, and the whole cost on CPU, so the metric measures real work everywhere.
-            vectors, seconds, nbytes = host_vectors(features)
-            copies.seconds += seconds
-            copies.vectors += features.shape[0]
-            copies.bytes += nbytes
-            for slot, vector in zip(slots, vectors, strict=True):
-                self.pooled[slot] = vector
-        self.remaining -= len(slots)
+            score = ClassProbs(self.apply_softmax, self.temperature)
+        return RowHead(score, vector=self.want_pooled)
 
-    def _label_scores(self, model: ScoringModel, slots: list[int], features: torch.Tensor) -> list[list[float]]:
-        """Label-token scores; items whose label lists differ in length are scored in groups of equal length."""
-        assert self.labels is not None
-        by_length: dict[int, list[int]] = {}
-        for at, slot in enumerate(slots):
-            by_length.setdefault(len(self.labels[slot]), []).append(at)
-        rows: list[list[float]] = [[] for _ in slots]
-        for positions in by_length.values():
-            labels = torch.tensor([self.labels[slots[at]] for at in positions], device=features.device)
-            scores = forward.causal_lm_scores(model, features[positions], labels, self.apply_softmax, self.temperature)
-            for at, row in zip(positions, scores.tolist(), strict=True):
-                rows[at] = row
-        return rows
+    def absorb(self, slots: list[int], rows: list[RowResult]) -> None:
+        for slot, row in zip(slots, rows, strict=True):
+            if slot == QUERY_SLOT:
+                continue
+            self.scores[slot] = row.scores
+            if self.want_pooled:
+                self.pooled[slot] = row.vector
+        self.remaining -= len(slots)
 
     def result(self) -> JobResult:
         return JobResult(

@@ -2,24 +2,20 @@
 
 Admission: a request is admitted while the queued tokens stay within `max_queue_tokens`, or into an empty queue
 (every request is already under `--max-request-tokens`, checked when it is planned); else `Overloaded` → 429.
-Batches are filled fairly across open requests (`take_batch`, below), so one request never holds the model
-for others. A request that is cancelled (client gone, timeout) or that failed loses its queued units at once; units
-already in the running batch finish and their rows are discarded.
+Batches are filled fairly across open requests (`take_batch`, engine/queue/batching.py), so one request never holds
+the model for others. A request that is cancelled (client gone, timeout) or that failed loses its queued units at
+once; units already in a running batch finish and their rows are discarded.
 
 A forward that raises fails only the request behind it (`engine/queue/isolation.py`: the batch is split by request
 until it is found). An error that poisons the device fails every open request with `DeviceLost` (503, retry
 elsewhere), refuses new ones, ends the model thread and tells `on_device_lost` (the service: not ready, exit).
 
-Fair batch formation (`take_batch`, pure): which queued pack units go into the next forward batch.
-
-Open requests are served least recently served first: a request's `turn` is the batch it was last served in, and a
-request admitted while batch n runs counts as served just before it, so it goes ahead of the requests batch n serves
-and behind those batch n left waiting. Each batch is filled round-robin over requests in that order, one unit per
-request per pass, until the token budget is full; a request whose next unit does not fit sits out the rest of the
-batch (its units stay in order). Hence a small request sent while a large one runs is in the very next batch, and
-a request is only ever overtaken by requests admitted before the batch after its last service was formed: a
-stream of small requests cannot starve a large one (under overload its share is bounded by the queue, never zero).
-Units are whole sequences or multi-item chunks, so splitting a request across batches never changes its scores."""
+Two batches are in flight at once on a GPU (`depth`): batch N+1 is formed, packed, copied and enqueued while batch N
+runs on the device, then N is finished (its results handed to its jobs, its complete requests answered) as soon as it
+completes, so the device always has the next batch queued behind the one it runs. N+1 is formed just before the device
+is expected to be done with N (engine/queue/launch_timing.py), so that requests arriving meanwhile join it. With nothing
+queued behind a batch, it is finished at once: a lightly loaded worker answers as soon as its batch is done. On CPU a
+batch's work is done when it is launched, so batches simply run one after the other."""
 
 from __future__ import annotations
 
@@ -30,17 +26,18 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from scorekeeper_worker.base.errors import DeviceLost, Overloaded
 from scorekeeper_worker.base.metrics import WorkerMetrics, size_class
+from scorekeeper_worker.engine.queue.batching import OpenRequest, arrival_turn, take_batch
 from scorekeeper_worker.engine.queue.isolation import DevicePoisoned, run_isolated
 from scorekeeper_worker.engine.queue.jobs import Job
-from scorekeeper_worker.engine.runner.executor import BatchStats, Executor
+from scorekeeper_worker.engine.queue.launch_timing import LaunchTiming
+from scorekeeper_worker.engine.runner.executor import BatchStats, Executor, Launched
 from scorekeeper_worker.engine.runner.packing import PackUnit
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 # Sees every batch (job and unit per entry) on the model thread just before it runs. A test hook: observing batch
 # composition, or holding the model thread so that a test sets up the queue deterministically, never by timing.
@@ -54,10 +51,24 @@ class Plan(Protocol):
     prompt_tokens: int
 
 
+Batch = list[tuple[OpenRequest, PackUnit]]
+
+
+@dataclass
+class Flight:
+    """A batch launched and not yet finished."""
+
+    batch: Batch
+    requests: list[OpenRequest]
+    launched: Launched
+
+
 class Scheduler:
     def __init__(self, executor: Executor, max_batch_tokens: int, max_queue_tokens: int,
-                 metrics: WorkerMetrics) -> None:
+                 metrics: WorkerMetrics, depth: int = 2) -> None:
         self.executor = executor
+        self.depth = depth  # batches in flight at most (1: each batch is finished before the next is formed)
+        self.timing = LaunchTiming()
         self.max_batch_tokens = max_batch_tokens
         self.max_queue_tokens = max_queue_tokens
         self.metrics = metrics
@@ -136,11 +147,18 @@ class Scheduler:
         self.metrics.queue_tokens.set(self._queued_tokens)
         self.metrics.queue_depth.set(self._open)
 
-    def _next_batch(self) -> list[tuple[OpenRequest, PackUnit]]:
-        """The next batch; empty once stopping and drained."""
+    def _next_batch(self, in_flight: bool) -> Batch:
+        """The next batch; empty once stopping and drained. With batches in flight: formed just in time
+        (engine/queue/launch_timing.py), and empty when nothing is queued by then."""
         with self._cond:
-            while not self._waiting and not self._stopping:
+            while not in_flight and not self._waiting and not self._stopping:
                 self._cond.wait()
+            form_at = self.timing.form_at()
+            while in_flight and not self._stopping and self._queued_tokens < self.max_batch_tokens:
+                left = form_at - time.perf_counter()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
             if not self._waiting:
                 return []
             batch, self._waiting = take_batch(self._waiting, self.max_batch_tokens, self._formed)
@@ -150,39 +168,89 @@ class Scheduler:
             return batch
 
     def _loop(self) -> None:
-        while batch := self._next_batch():
-            requests = list({id(request): request for request, _ in batch}.values())
-            self._started(requests)
-            if self.observer is not None:
-                self.observer([(request.job, unit) for request, unit in batch])
-            before = [request.job.remaining for request in requests]
-            failed: list[tuple[OpenRequest, Exception]] = []
-            try:
-                ran = [self._run(batch)]
-            except Exception as error:  # one request's error (or the device's): found by splitting the batch
-                try:
-                    outcome = run_isolated(self._run, batch, lambda request: request.job, error, before)
-                except DevicePoisoned as poisoned:
-                    self._lose_device(poisoned, requests)
-                    return
-                ran, failed = outcome.stats, outcome.failed
-            with self._cond:
-                for request, error in failed:  # that request alone: its error, and its queued units dropped
-                    log.error("request failed in the forward (%s); the other %d request(s) of its batch are served",
-                              type(error).__name__, len(requests) - 1, exc_info=error)
-                    self.metrics.isolated_failures.labels(type(error).__name__).inc()
-                    if not request.closed:
-                        request.job.fail(error)
-                    self._close(request)
-                for request in requests:
-                    if request.job.remaining == 0 and not request.closed:
-                        request.job.finish()
-                        self._close(request)
-            for stats in ran:
-                self._observe(stats, len(requests))
+        flights: deque[Flight] = deque()
+        while self.lost is None:
+            batch = self._next_batch(in_flight=bool(flights))
+            if not batch and not flights:
+                return  # stopping, and drained
+            if batch:
+                self._launch(batch, flights)
+            # The oldest batch is finished once nothing can go ahead of it: nothing was queued, the pipeline is full,
+            # or it is done anyway.
+            while flights and (not batch or len(flights) >= self.depth or flights[0].launched.done()):
+                self._finish(flights.popleft(), flights)
 
-    def _run(self, batch: list[tuple[OpenRequest, PackUnit]]) -> BatchStats:
-        return self.executor.run([(request.job, unit) for request, unit in batch])
+    def _launch(self, batch: Batch, flights: deque[Flight]) -> None:
+        """Pack and enqueue a batch behind those in flight. A batch that fails before anything of it is enqueued is
+        run again in parts, after the batches in flight are finished."""
+        requests = list({id(request): request for request, _ in batch}.values())
+        self._started(requests)
+        if self.observer is not None:
+            self.observer(self._jobs(batch))
+        started = time.perf_counter()
+        try:
+            launched = self.executor.launch(self._jobs(batch))
+            now = time.perf_counter()
+            self.timing.launched(now, launched.forward_tokens, now - started)
+            flights.append(Flight(batch, requests, launched))
+        except Exception as error:  # one request's error (or the device's): found by splitting the batch
+            while flights and self.lost is None:
+                self._finish(flights.popleft(), flights)
+            if self.lost is None:
+                self._isolate(batch, requests, error, [request.job.remaining for request in requests], flights)
+            else:  # the device was lost by a batch in flight: this one's requests fail with it
+                self._fail_all(self.lost, requests)
+
+    def _finish(self, flight: Flight, flights: deque[Flight]) -> None:
+        """Wait for a batch, hand its jobs their rows and answer its complete requests."""
+        before = [request.job.remaining for request in flight.requests]
+        try:
+            stats = self.executor.finish(flight.launched)
+        except Exception as error:  # a device error surfacing at the wait, or a job's error taking its rows
+            self._isolate(flight.batch, flight.requests, error, before, flights)
+            return
+        self.timing.finished(time.perf_counter(), flight.launched.forward_tokens, stats.device_seconds,
+                             sum(f.launched.forward_tokens for f in flights))
+        self._complete(flight.requests, [stats], [])
+
+    def _isolate(self, batch: Batch, requests: list[OpenRequest], error: Exception, before: list[int],
+                 flights: deque[Flight]) -> None:
+        """After `batch` raised `error` (its jobs had `before` rows to come): run it again in parts to find the
+        request behind it. An error that poisons the device fails every open request, those in flight included."""
+        try:
+            outcome = run_isolated(self._run, batch, lambda request: request.job, error, before)
+        except DevicePoisoned as poisoned:
+            self._lose_device(poisoned, [*requests, *(r for flight in flights for r in flight.requests)])
+            flights.clear()
+            return
+        self._complete(requests, outcome.stats, outcome.failed)
+
+    def _complete(self, requests: list[OpenRequest], ran: list[BatchStats],
+                  failed: list[tuple[OpenRequest, Exception]]) -> None:
+        """After a batch's rows were absorbed: fail the requests behind its errors, answer the complete ones."""
+        started = time.perf_counter()
+        with self._cond:
+            for request, error in failed:  # that request alone: its error, and its queued units dropped
+                log.error("request failed in the forward (%s); the other %d request(s) of its batch are served",
+                          type(error).__name__, len(requests) - 1, exc_info=error)
+                self.metrics.isolated_failures.labels(type(error).__name__).inc()
+                if not request.closed:
+                    request.job.fail(error)
+                self._close(request)
+            for request in requests:
+                if request.job.remaining == 0 and not request.closed:
+                    request.job.finish()
+                    self._close(request)
+        respond = time.perf_counter() - started
+        for stats in ran:
+            self._observe(stats, len(requests), respond)
+
+    @staticmethod
+    def _jobs(batch: Batch) -> list[tuple[Job, PackUnit]]:
+        return [(request.job, unit) for request, unit in batch]
+
+    def _run(self, batch: Batch) -> BatchStats:
+        return self.executor.run(self._jobs(batch))
 
     def _lose_device(self, poisoned: DevicePoisoned, running: list[OpenRequest]) -> None:
         """The device is unusable: every open request (running or queued) and every later one gets DeviceLost."""
@@ -195,12 +263,17 @@ class Scheduler:
         with self._cond:
             self.lost = lost
             self._stopping = True
+        self._fail_all(lost, running)
+        if self.on_device_lost is not None:
+            self.on_device_lost(lost)
+
+    def _fail_all(self, lost: DeviceLost, running: list[OpenRequest]) -> None:
+        """Fail `running` and every queued request with `lost` (closing each once)."""
+        with self._cond:
             for request in [*running, *self._waiting]:
                 if not request.closed:
                     request.job.fail(lost)
                 self._close(request)
-        if self.on_device_lost is not None:
-            self.on_device_lost(lost)
 
     def _started(self, requests: list[OpenRequest]) -> None:
         now = time.perf_counter()
@@ -212,14 +285,20 @@ class Scheduler:
                 self.metrics.stage_seconds.labels("queue").observe(waited)
                 self.metrics.queue_wait_seconds.labels(request.size).observe(waited)
 
-    def _observe(self, stats: BatchStats, requests: int) -> None:
+    def _observe(self, stats: BatchStats, requests: int, respond_seconds: float) -> None:
         m = self.metrics
         m.batch_requests.observe(requests)
         m.batch_sequences.observe(stats.sequences)
         m.batch_tokens.observe(stats.tokens)
         m.padding_tokens.inc(stats.padding_tokens)
-        m.stage_seconds.labels("forward").observe(stats.inputs_seconds + stats.forward_seconds)
-        m.stage_seconds.labels("scoring").observe(stats.scoring_seconds)
+        m.stage_seconds.labels("forward").observe(stats.device_seconds)
+        m.stage_seconds.labels("scoring").observe(stats.heads_seconds + stats.copy_out_seconds)
+        steps = m.batch_step_seconds
+        for step, seconds in (("pack", stats.pack_seconds), ("copy_in", stats.copy_in_seconds),
+                              ("device", stats.device_seconds), ("heads", stats.heads_seconds),
+                              ("copy_out", stats.copy_out_seconds), ("respond", respond_seconds)):
+            steps.labels(step).observe(seconds)
+        m.device_busy_seconds.inc(stats.device_seconds)
         m.graph_runs.labels(stats.graph_path, stats.graph_bucket).inc()
         if stats.cpu_share is not None:
             m.model_thread_cpu_share.observe(stats.cpu_share)
@@ -227,66 +306,3 @@ class Scheduler:
             m.hidden_copy_bytes.inc(stats.copies.bytes)
             m.hidden_copy_vectors.inc(stats.copies.vectors)
             m.hidden_copy_seconds.observe(stats.copies.seconds)
-
-
-def token_batches(units: list[T], max_tokens: int, size: Callable[[T], int]) -> list[list[T]]:
-    """One request's units (of `size` tokens each) in forwards of at most `max_tokens` tokens, in order: the
-    batches `take_batch` forms for a request alone (a unit larger than the budget runs alone). Start-up's probes
-    and benchmarks run requests so."""
-    batches: list[list[T]] = [[]]
-    tokens = 0
-    for unit in units:
-        if batches[-1] and tokens + size(unit) > max_tokens:
-            batches.append([])
-            tokens = 0
-        batches[-1].append(unit)
-        tokens += size(unit)
-    return batches
-
-
-@dataclass(eq=False)
-class OpenRequest:
-    """A request admitted to the scheduler: its job and the units not yet taken into a batch."""
-
-    job: Job
-    units: deque[PackUnit]
-    queued_tokens: int  # tokens of `units`
-    size: str  # one of metrics.SIZE_CLASSES
-    turn: int = 0  # lower goes first (see the module docstring)
-    started: bool = False  # whether any of its units has been taken into a batch
-    closed: bool = False  # finished, failed or cancelled: no more work or results
-
-
-def arrival_turn(batches_formed: int) -> int:
-    """The turn of a request admitted after `batches_formed` batches: just before those the last batch served."""
-    return 2 * batches_formed - 1
-
-
-def take_batch(waiting: list[OpenRequest], max_tokens: int,
-               batches_formed: int) -> tuple[list[tuple[OpenRequest, PackUnit]], list[OpenRequest]]:
-    """Fill one batch from `waiting` (ordered by turn, every request with queued units). Returns the batch and the
-    new waiting order: requests left out keep their place, served ones with units left go to the back. The first
-    unit is always taken, even one larger than the budget (it then runs alone)."""
-    served_turn = 2 * (batches_formed + 1)
-    batch: list[tuple[OpenRequest, PackUnit]] = []
-    tokens = 0
-    served: list[OpenRequest] = []
-    active = list(waiting)
-    while active:
-        next_pass = []
-        for request in active:
-            unit = request.units[0]
-            if batch and tokens + unit.num_tokens > max_tokens:
-                continue  # sits out the rest of this batch
-            request.units.popleft()
-            request.queued_tokens -= unit.num_tokens
-            batch.append((request, unit))
-            tokens += unit.num_tokens
-            if request.turn != served_turn:
-                request.turn = served_turn
-                served.append(request)
-            if request.units:
-                next_pass.append(request)
-        active = next_pass
-    left = [request for request in waiting if request.turn != served_turn]
-    return batch, left + [request for request in served if request.units]

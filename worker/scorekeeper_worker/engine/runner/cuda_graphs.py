@@ -2,10 +2,12 @@
 
 One graph per bucket of `--cuda-graph-token-buckets`, each over static buffers of the bucket's fixed shapes
 (`packing.GraphShape`): packed ids, positions, token types, the per-token attention metadata (segment, query segment,
-offset in row, visible prefix: where sequences and items start and end) and the pool buffers (token, slot, weight).
-A batch takes the smallest bucket it fits, is packed by the same `build_inputs` as eager batches with padding up to
-the bucket, copied into the buffers, replayed; the caller reads only its live pooled rows. Nothing baked into a graph
-is a live value: shapes are bucket bounds, every boundary is in a buffer, masks are computed inside the graph.
+offset in row, visible prefix: where sequences and items start and end) and the pool buffers (token, slot, weight), all
+views of one device buffer per slot. A batch takes the smallest bucket it fits, is packed on the host by the same token
+packer as eager batches (`token_packing`) with padding up to the bucket, staged in one pinned buffer and copied in one
+copy, replayed; the caller reads only its live pooled rows. On CUDA each bucket has two slots (double buffering): batch
+N+1 is copied into one, on a copy stream, while batch N replays from the other. Nothing baked into a graph is a live
+value: shapes are bucket bounds, every boundary is in a buffer, masks are computed inside the graph.
 
 Multi-item scoring stays on: boundaries are computed on the host from token counts, never by finding delimiter
 tokens in device tensors, so padding (whatever its token id) cannot create a false item boundary (the reason SGLang
@@ -30,11 +32,14 @@ from typing import Any
 
 import torch
 
+from scorekeeper_worker.engine.runner import token_packing
+from scorekeeper_worker.engine.runner.batch_inputs import build_inputs
 from scorekeeper_worker.engine.runner.compiled_trunk import CompiledTrunk, compile_mode
 from scorekeeper_worker.engine.runner.forward import pooled_rows
-from scorekeeper_worker.engine.runner.packing import ForwardInputs, GraphShape, PackUnit, Pool, build_inputs, fits
+from scorekeeper_worker.engine.runner.packing import ForwardInputs, GraphShape, PackUnit, Pool, fits
+from scorekeeper_worker.engine.runner.token_packing import Staging, TokenArrays
 from scorekeeper_worker.model.kernels.attention import LayoutKind
-from scorekeeper_worker.model.loader import ScoringModel
+from scorekeeper_worker.model.loader import Pooling, ScoringModel
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +50,8 @@ WARMUP_RUNS = 2  # before capture: lazy initialisation, cuBLAS workspaces, Trito
 class Slot:
     """One set of a bucket's static buffers and the graph captured on it."""
 
-    static: ForwardInputs  # the buffers a batch is copied into
+    buffer: torch.Tensor  # the device bytes a batch is copied into (token_packing.Staging's layout)
+    static: ForwardInputs  # the tensors a forward reads: views of `buffer`
     graph: torch.cuda.CUDAGraph | None = None
     output: torch.Tensor | None = None  # [sequences + 1, H] pooled rows written by the graph
     loaded: Any = None  # CUDA event: this slot's batch is on the device (copy stream)
@@ -58,6 +64,7 @@ class Bucket:
     stream, while batch N replays from this one). `static`, `graph` and `output` are the current slot's."""
 
     shape: GraphShape
+    staging: Staging
     slots: list[Slot]
     current: int = 0
     disabled: bool = False  # capture failed: its batches run eager
@@ -85,14 +92,6 @@ class Bucket:
     @output.setter
     def output(self, output: torch.Tensor | None) -> None:
         self.slots[self.current].output = output
-
-
-def copy_into(static: ForwardInputs, batch: ForwardInputs) -> None:
-    """Refill static buffers in place (host → device, asynchronous where the source allows)."""
-    for target, source in zip(static.tensors(), batch.tensors(), strict=True):
-        if target.shape != source.shape:
-            raise ValueError(f"static buffer {tuple(target.shape)} cannot take {tuple(source.shape)}")
-        target.copy_(source, non_blocking=True)
 
 
 def probe_units(shape: GraphShape, vocab: int, position_start: int, seed: int = 0) -> list[PackUnit]:
@@ -130,7 +129,7 @@ class GraphRunner:
     def __init__(self, model: ScoringModel, kind: LayoutKind, buckets: Sequence[int], max_tokens: int,
                  max_seqs: int, capture: bool | None = None, pad_token: int = 0,
                  on_capture_failure: Callable[[], None] | None = None,
-                 compiler: CompiledTrunk | None = None, double_buffer: bool = False) -> None:
+                 compiler: CompiledTrunk | None = None, double_buffer: bool | None = None) -> None:
         if kind == LayoutKind.BLOCKS:
             raise ValueError("graph buckets need a token layout (dense or flex)")
         self.model = model
@@ -141,17 +140,32 @@ class GraphRunner:
             else capture
         self.on_capture_failure = on_capture_failure
         self.compiler = compiler
-        shapes = [GraphShape(tokens, max_seqs, model.uses_token_types, pad_token)
+        # Last-token and first-token pooling read one row per slot: the pool gathers only those.
+        pooled_tokens = None if model.pooling == Pooling.MEAN else max_seqs
+        shapes = [GraphShape(tokens, max_seqs, model.uses_token_types, pad_token, pooled_tokens)
                   for tokens in sorted(set(buckets)) if tokens <= max_tokens]
+        on_cuda = model.device.type == "cuda" and torch.cuda.is_available()
+        # With CUDA: host batches are staged in pinned memory and copied on their own stream, so the copy of batch
+        # N+1 runs while batch N replays, and the host is free as soon as the copy is queued.
+        self.copy_stream = torch.cuda.Stream() if on_cuda else None
+        slots = 2 if (double_buffer if double_buffer is not None else on_cuda) else 1
+        self.buckets = [self._bucket(shape, slots) for shape in shapes]
+
+    def _bucket(self, shape: GraphShape, slots: int) -> Bucket:
+        """A bucket's slots, each holding an empty batch (all padding) until the first load."""
+        staging = Staging(shape.tokens, shape.contributions, shape.token_types)
+        empty = token_packing.pack([], shape)
+        bucket = Bucket(shape, staging, [])
         # Inference tensors, like every eager batch: compiled kernels (flex) guard on the tensors' dispatch keys, so
         # plain tensors here would compile every variant a second time.
         with torch.inference_mode():
-            self.buckets = [Bucket(shape, [Slot(build_inputs([], model.device, kind, shape))
-                                           for _ in range(2 if double_buffer else 1)]) for shape in shapes]
-        # With CUDA: host batches are staged in pinned memory and copied on their own stream, so the copy of batch
-        # N+1 runs while batch N replays, and the host is free as soon as the copy is queued.
-        on_cuda = model.device.type == "cuda" and torch.cuda.is_available()
-        self.copy_stream = torch.cuda.Stream() if on_cuda else None
+            for _ in range(slots):
+                buffer = staging.buffer(self.model.device)
+                slot = Slot(buffer, staging.views(buffer, self.kind, static=True))
+                self._write(bucket, slot, empty)
+                token_packing.describe(slot.static, empty)
+                bucket.slots.append(slot)
+        return bucket
 
     def select(self, units: list[PackUnit]) -> Bucket | None:
         """The smallest usable bucket the batch fits, or None (run eager)."""
@@ -160,23 +174,32 @@ class GraphRunner:
         return next((b for b in self.buckets if not b.disabled and fits(units, b.shape)), None)
 
     def load(self, bucket: Bucket, units: list[PackUnit]) -> ForwardInputs:
-        """Pack the batch padded to the bucket (on the host) and copy it into the bucket's next slot, which becomes
-        current; returns the host inputs (readouts, live token counts)."""
-        batch = build_inputs(units, torch.device("cpu"), self.kind, bucket.shape)
-        bucket.current = (bucket.current + 1) % len(bucket.slots)
-        self._copy(bucket.slots[bucket.current], batch)
-        return batch
+        """Pack the batch (on the host) and copy it into the bucket's next slot: `copy_in(pack(...))`."""
+        return self.copy_in(bucket, self.pack(bucket, units))
 
-    def _copy(self, slot: Slot, batch: ForwardInputs) -> None:
-        if self.copy_stream is None:
-            copy_into(slot.static, batch)
+    def pack(self, bucket: Bucket, units: list[PackUnit]) -> TokenArrays:
+        """The batch packed on the host, padded to the bucket."""
+        return token_packing.pack(units, bucket.shape)
+
+    def copy_in(self, bucket: Bucket, arrays: TokenArrays) -> ForwardInputs:
+        """Copy a packed batch into the bucket's next slot, which becomes current; returns the slot's inputs, which
+        describe the batch (readouts, live token counts) until the slot is loaded again."""
+        bucket.current = (bucket.current + 1) % len(bucket.slots)
+        slot = bucket.slots[bucket.current]
+        self._write(bucket, slot, arrays)
+        token_packing.describe(slot.static, arrays)
+        return slot.static
+
+    def _write(self, bucket: Bucket, slot: Slot, arrays: TokenArrays) -> None:
+        if self.copy_stream is None:  # the buffer is on the host: write into it
+            bucket.staging.write(arrays, slot.buffer)
             return
-        staged = [t.pin_memory() for t in batch.tensors()]  # caching host allocator: reused once the copy ran
+        staged = bucket.staging.buffer(torch.device("cpu"), pinned=True)  # caching host allocator: reused once copied
+        bucket.staging.write(arrays, staged)
         with torch.cuda.stream(self.copy_stream):
             if slot.released is not None:  # never overwrite buffers a queued replay still reads
                 self.copy_stream.wait_event(slot.released)
-            for target, source in zip(slot.static.tensors(), staged, strict=True):
-                target.copy_(source, non_blocking=True)
+            slot.buffer.copy_(staged, non_blocking=True)
             slot.loaded = torch.cuda.Event()
             slot.loaded.record(self.copy_stream)
 
@@ -259,9 +282,9 @@ class GraphRunner:
         (or a kernel that misbehaves under capture) is caught here, before serving."""
         model = self.model
         units = probe_units(bucket.shape, model.model.get_input_embeddings().num_embeddings, model.position_start)
-        batch = build_inputs(units, torch.device("cpu"), self.kind, bucket.shape)
-        self._copy(bucket.slots[bucket.current], batch)  # the slot being checked, not the next one
-        replayed = self.forward(bucket)[: len(batch.readouts)].float()
+        arrays = token_packing.pack(units, bucket.shape)
+        self._write(bucket, bucket.slots[bucket.current], arrays)  # the slot being checked, not the next one
+        replayed = self.forward(bucket)[: len(arrays.pools.readouts)].float()
         expected = pooled_rows(model, build_inputs(units, model.device, self.eager_kind)).float()
         tolerance = (1e-3 if model.dtype == torch.float32 else 5e-2) * max(1.0, expected.abs().max().item())
         error = (replayed - expected).abs().max().item()

@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 
 from scorekeeper_worker.engine.runner.packing import ForwardInputs
-from scorekeeper_worker.model.kernels.attention import LayoutKind
 from scorekeeper_worker.model.loader import HeadModules, ScoringModel
 from scorekeeper_worker.model.sentence_transformers import Similarity
 from scorekeeper_worker.model.trunk_patches import only_rows, per_token_tables
@@ -60,10 +59,9 @@ def pooled_rows(model: ScoringModel, inputs: ForwardInputs, trunk: PaddedTrunk |
     elif model.packed:
         extra = {} if inputs.token_type_ids is None else {"token_type_ids": inputs.token_type_ids}
         rows = None
-        if model.selects_rows and inputs.layout.kind == LayoutKind.BLOCKS:  # eager: graph buckets keep their shapes
-            pooled_tokens, index = torch.unique(token_index, return_inverse=True)  # ascending
-            if len(pooled_tokens) < inputs.num_tokens:  # the trunk then returns these tokens only
-                rows, token_index = pooled_tokens, index
+        selected = inputs.pooled_tokens  # row blocks only (found on the host): graph buckets keep their shapes
+        if model.selects_rows and selected is not None and len(selected) < inputs.num_tokens:
+            rows, token_index = selected, inputs.pooled_index  # the trunk then returns these tokens only
         with per_token_tables(inputs.rope_table), only_rows(rows):
             output = model.trunk(input_ids=inputs.input_ids, position_ids=inputs.position_ids,
                                  scorekeeper_layout=inputs.layout, use_cache=False, **extra)
@@ -122,17 +120,30 @@ def _softcap(model: ScoringModel, logits: torch.Tensor) -> torch.Tensor:
 
 def causal_lm_scores(model: ScoringModel, rows: torch.Tensor, labels: torch.Tensor, apply_softmax: bool,
                      temperature: float) -> torch.Tensor:
-    """`labels [n, k]`. apply_softmax: softmax over the label logits only (needs k rows of the output embedding);
-    otherwise true probabilities exp(log_softmax)[labels], whose normaliser needs the full vocabulary."""
+    """`rows [n, H]` against one label list `labels [k]` → `[n, k]`. apply_softmax: softmax over the label logits
+    only (needs the k label rows of the output embedding, once for every row: `rows @ W[labels].T`, never an
+    [n, k, H] gather); otherwise true probabilities exp(log_softmax)[labels], whose normaliser needs the full
+    vocabulary."""
     head = model.model.get_output_embeddings()
-    weight = head.weight[labels]  # [n, k, H]
-    label_logits = torch.einsum("nh,nkh->nk", rows, weight).float()
+    label_logits = (rows @ head.weight.index_select(0, labels).T).float()
     if head.bias is not None:
-        label_logits = label_logits + head.bias[labels].float()
+        label_logits = label_logits + head.bias.index_select(0, labels).float()
     label_logits = _softcap(model, label_logits)
     if apply_softmax:
         return _softmax(label_logits, temperature)
     return torch.exp(label_logits - _log_normaliser(model, head, rows))
+
+
+def token_log_probs(model: ScoringModel, rows: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log p(targets[i] | row i) [n] in float32: a log-softmax over the full vocabulary (after Gemma2's final
+    softcapping), a chunk of rows at a time so memory does not grow with the rows of a job."""
+    head = model.model.get_output_embeddings()
+    step = max(1, NORMALISER_ELEMENTS // model.logit_size)
+    out = []
+    for i in range(0, rows.shape[0], step):
+        logits = _softcap(model, head(rows[i:i + step]).float())
+        out.append(torch.log_softmax(logits, dim=-1).gather(1, targets[i:i + step, None])[:, 0])
+    return torch.cat(out)
 
 
 def _log_normaliser(model: ScoringModel, head: torch.nn.Module, rows: torch.Tensor) -> torch.Tensor:

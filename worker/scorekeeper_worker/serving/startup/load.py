@@ -15,6 +15,7 @@ from scorekeeper_worker.base.metrics import WorkerMetrics
 from scorekeeper_worker.engine.queue.scheduler import Scheduler
 from scorekeeper_worker.engine.runner.compiled_trunk import CompiledTrunk, compile_enabled
 from scorekeeper_worker.engine.runner.cuda_graphs import GraphRunner
+from scorekeeper_worker.engine.runner.device_stream import SimulatedStream
 from scorekeeper_worker.engine.runner.executor import Executor
 from scorekeeper_worker.model.kernels.attention import LayoutKind
 from scorekeeper_worker.model.kernels.flex import resolve_backend
@@ -81,9 +82,16 @@ def load(config: WorkerConfig, metrics: WorkerMetrics) -> Served:
                  check.tokens, check.engine_seconds, check.reference_seconds)
     if config.quantization == Quantization.INT8:
         executor = _int8(config, metrics, model, executor, threads.threads)
+    if config.simulate_device_ms is not None:  # after the self-check, which proved the real forward
+        executor.stream = SimulatedStream(config.simulate_device_ms, model.hidden_size)
+        metrics.device_simulated.set(1)
+        log.warning("simulated device: every forward is replaced by %g ms per 8,192 tokens of computing nothing; "
+                    "scores are meaningless (--simulate-device-ms is for benchmarks of the host pipeline)",
+                    config.simulate_device_ms)
     if config.gc_freeze:
         metrics.gc_frozen_objects.set(freeze_after_load())
-    scheduler = Scheduler(executor, config.max_batch_tokens, config.max_queue_tokens, metrics)
+    scheduler = Scheduler(executor, config.max_batch_tokens, config.max_queue_tokens, metrics,
+                          config.pipeline_depth)
     scheduler.start()
     return Served(model, scheduler, decision_template)
 

@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 from scorekeeper_worker.base.metrics import size_class
-from scorekeeper_worker.engine.queue.scheduler import OpenRequest, arrival_turn, take_batch
+from scorekeeper_worker.engine.queue.batching import OpenRequest, arrival_turn, take_batch
 from scorekeeper_worker.engine.runner.packing import PackUnit
 from serving import BatchGate, RunningServer, wait_until
 

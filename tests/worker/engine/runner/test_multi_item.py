@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 from scorekeeper_worker.base.config import DType
-from scorekeeper_worker.engine.runner.packing import PackUnit, Pool, build_inputs
+from scorekeeper_worker.engine.runner.batch_inputs import build_inputs
+from scorekeeper_worker.engine.runner.packing import PackUnit, Pool
 from scorekeeper_worker.model.loader import load_model
 from serving import RunningServer
 

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import pytest
 from scorekeeper_worker.engine.queue.isolation import DevicePoisoned, run_isolated
-from scorekeeper_worker.engine.runner.device_copy import CopyStats
 from scorekeeper_worker.engine.runner.device_health import poisons_device
 from scorekeeper_worker.engine.runner.executor import BatchStats
 from scorekeeper_worker.engine.runner.packing import PackUnit
@@ -26,7 +25,7 @@ def _forward(bad: set[int], error: Exception, calls: list[list[int]]):  # type: 
             job.remaining -= 1
         if any(job.name in bad for job, _ in batch):
             raise error
-        return BatchStats(len(batch), 0, 0, 0.0, 0.0, 0.0, CopyStats())
+        return BatchStats(len(batch), 0, 0)
     return run
 
 

@@ -19,6 +19,7 @@ import tiny_models
 import torch
 from scorekeeper_worker.base.config import CompileMode, DType, WorkerConfig
 from scorekeeper_worker.cli import parse_config
+from scorekeeper_worker.engine.runner.batch_inputs import build_inputs
 from scorekeeper_worker.engine.runner.compiled_trunk import (
     EAGER_KEY,
     CompiledTrunk,
@@ -28,7 +29,7 @@ from scorekeeper_worker.engine.runner.compiled_trunk import (
 )
 from scorekeeper_worker.engine.runner.cuda_graphs import GraphRunner
 from scorekeeper_worker.engine.runner.forward import pooled_rows
-from scorekeeper_worker.engine.runner.packing import PackUnit, build_inputs
+from scorekeeper_worker.engine.runner.packing import PackUnit
 from scorekeeper_worker.model.kernels.attention import LayoutKind
 from scorekeeper_worker.model.loader import ScoringModel, load_model
 

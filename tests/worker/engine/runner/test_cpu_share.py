@@ -31,14 +31,14 @@ def _share_of_forwards(model: ScoringModel, cpu: int) -> tuple[float, list[Batch
         os.sched_setaffinity(0, {cpu})  # this thread only
         torch.set_num_threads(1)  # per thread: this one's parallel regions run alone
         ask = ScoreAsk(query="a query about documents", items=[f"document {i} " * 40 for i in range(32)])
-        while sum(batch.forward_seconds for batch in stats) < MEASURED_SECONDS:
+        while sum(batch.device_seconds for batch in stats) < MEASURED_SECONDS:
             scored(score_now(Executor(model), [ask], Limits(max_batch_tokens=1 << 16), on_batch=stats.append))
 
     thread = threading.Thread(target=forwards)
     thread.start()
     thread.join()
-    wall = sum(batch.forward_seconds for batch in stats)
-    return sum((batch.cpu_share or 0.0) * batch.forward_seconds for batch in stats) / wall, stats
+    wall = sum(batch.device_seconds for batch in stats)
+    return sum((batch.cpu_share or 0.0) * batch.device_seconds for batch in stats) / wall, stats
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pins threads to a CPU: Linux")

@@ -1,5 +1,6 @@
 """GPU checks (marked `cuda`, skipped without an NVIDIA GPU): captured graphs replay like eager for every bucket,
-FlexAttention compiled through Triton equals the row-block reference, pinned copies return the right values.
+FlexAttention compiled through Triton equals the row-block reference, two batches in flight (double-buffered slots,
+heads enqueued behind the replay, results copied back behind an event) give what one at a time gives.
 
 bench/gpu/gpu_check.py runs the same checks plus timings in one command; see docs/gpu.md."""
 
@@ -11,11 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 from scorekeeper_worker.base.config import DType
+from scorekeeper_worker.engine.runner.batch_inputs import build_inputs
 from scorekeeper_worker.engine.runner.compiled_trunk import CompiledTrunk
 from scorekeeper_worker.engine.runner.cuda_graphs import GraphRunner
-from scorekeeper_worker.engine.runner.device_copy import host_vectors
+from scorekeeper_worker.engine.runner.executor import Executor
 from scorekeeper_worker.engine.runner.forward import pooled_rows
-from scorekeeper_worker.engine.runner.packing import build_inputs
+from scorekeeper_worker.engine.runner.heads import ClassProbs, RowHead, RowResult
 from scorekeeper_worker.model.kernels.attention import LayoutKind
 from scorekeeper_worker.model.loader import load_model
 from test_graph_shaped import DELIMITER, batches_for
@@ -82,9 +84,9 @@ def test_double_buffered_replays_equal_single_buffer_ones(tiny_model: Callable[[
     """Two slots per bucket, copies on the copy stream: batches loaded back to back (the second copied while the
     first replays) give the single-buffer runner's rows."""
     model = load_model(tiny_model("qwen3-cls3"), DType.FLOAT32, "cuda", "qwen3-cls3")
-    single = GraphRunner(model, LayoutKind.FLEX, BUCKETS[-1:], max_tokens=BUCKETS[-1], max_seqs=64)
-    double = GraphRunner(model, LayoutKind.FLEX, BUCKETS[-1:], max_tokens=BUCKETS[-1], max_seqs=64,
-                         double_buffer=True)
+    single = GraphRunner(model, LayoutKind.FLEX, BUCKETS[-1:], max_tokens=BUCKETS[-1], max_seqs=64,
+                         double_buffer=False)
+    double = GraphRunner(model, LayoutKind.FLEX, BUCKETS[-1:], max_tokens=BUCKETS[-1], max_seqs=64)
     single.capture()
     double.capture()
     assert all(slot.graph is not None for slot in double.buckets[0].slots)
@@ -102,8 +104,37 @@ def test_double_buffered_replays_equal_single_buffer_ones(tiny_model: Callable[[
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-def test_pinned_copy_returns_the_values() -> None:
-    rows = torch.randn(7, 96, device="cuda", dtype=torch.bfloat16)
-    vectors, seconds, nbytes = host_vectors(rows)
-    assert vectors == rows.float().cpu().tolist()
-    assert seconds > 0 and nbytes == 7 * 96 * 2
+class _Recorded:
+    """A job that keeps each row's class scores and pre-head vector."""
+
+    def __init__(self) -> None:
+        self.rows: dict[object, RowResult] = {}
+
+    def head(self, slot: object) -> RowHead:
+        return RowHead(ClassProbs(True, 1.0), vector=True)
+
+    def absorb(self, slots: list[object], rows: list[RowResult]) -> None:
+        self.rows.update(zip(slots, rows, strict=True))
+
+
+def test_two_batches_in_flight_give_what_one_at_a_time_gives(tiny_model: Callable[[str], Path]) -> None:
+    """Launch batch N+1 before finishing N (the scheduler's pipeline): same class scores and pooled vectors as
+    batches run one by one, and N is finished while N+1 may still run."""
+    model = load_model(tiny_model("qwen3-cls3"), DType.FLOAT32, "cuda", "qwen3-cls3")
+    runner = GraphRunner(model, LayoutKind.FLEX, BUCKETS, max_tokens=BUCKETS[-1], max_seqs=64)
+    runner.capture()
+    executor = Executor(model, "flex", runner)
+    batches = [units for bucket in BUCKETS[-2:] for units in batches_for(model, bucket, DELIMITER, BUCKETS).values()]
+    alone, piped = [_Recorded() for _ in batches], [_Recorded() for _ in batches]
+    for job, units in zip(alone, batches, strict=True):
+        executor.run([(job, unit) for unit in units])
+    launched = [executor.launch([(job, unit) for unit in units]) for job, units in zip(piped[:2], batches, strict=True)]
+    for i, (job, units) in enumerate(zip(piped[2:], batches[2:], strict=True)):
+        executor.finish(launched[i])
+        launched.append(executor.launch([(job, unit) for unit in units]))
+    for flight in launched[len(batches) - 2:]:
+        executor.finish(flight)
+    for got, want in zip(piped, alone, strict=True):
+        assert got.rows.keys() == want.rows.keys()
+        for slot, row in want.rows.items():
+            assert got.rows[slot].scores == row.scores and got.rows[slot].vector == row.vector

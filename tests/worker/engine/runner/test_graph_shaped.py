@@ -22,12 +22,13 @@ import scorekeeper_worker.model.kernels.tiled as tiled
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 from scorekeeper_worker.base.config import DType
+from scorekeeper_worker.engine.runner.batch_inputs import build_inputs
 from scorekeeper_worker.engine.runner.cuda_graphs import GraphRunner, probe_units
 from scorekeeper_worker.engine.runner.forward import pooled_rows
-from scorekeeper_worker.engine.runner.packing import GraphShape, PackUnit, Pool, build_inputs, fits
+from scorekeeper_worker.engine.runner.packing import GraphShape, PackUnit, Pool, fits
 from scorekeeper_worker.model.kernels.attention import LayoutKind
 from scorekeeper_worker.model.kernels.flex import flex_block_mask
-from scorekeeper_worker.model.loader import ScoringModel, load_model
+from scorekeeper_worker.model.loader import Pooling, ScoringModel, load_model
 from serving import RunningServer
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -46,8 +47,9 @@ def _single(rng: random.Random, model: ScoringModel, lengths: list[int]) -> list
     units = []
     for length in lengths:
         ids = _ids(rng, length)
-        # Encoders pool the mean of every token (embedding) or the first one; decoders the last token.
-        offsets = range(length) if not model.is_decoder else range(length - 1, length)
+        # As the planner pools: the mean of every token, the first one (CLS), or the last one (decoders).
+        offsets = {Pooling.MEAN: range(length), Pooling.CLS: range(1), Pooling.LAST: range(length - 1, length)}[
+            model.pooling]
         types = [0] * (length // 2) + [1] * (length - length // 2) if model.uses_token_types else None
         units.append(PackUnit(ids, token_types=types, position_start=model.position_start,
                               pools=[Pool(offsets, ("single", len(units)))]))

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 from scorekeeper_worker.base.config import DType
+from scorekeeper_worker.engine.runner.batch_inputs import build_inputs
 from scorekeeper_worker.engine.runner.forward import pooled_rows
-from scorekeeper_worker.engine.runner.packing import GraphShape, PackUnit, Pool, build_inputs
+from scorekeeper_worker.engine.runner.packing import GraphShape, PackUnit, Pool
 from scorekeeper_worker.model.kernels.attention import LayoutKind, token_allowed
 from scorekeeper_worker.model.loader import ScoringModel, load_model
 

@@ -18,8 +18,9 @@ import torch
 from packed_units import mixed_units
 from scorekeeper_worker.base.config import DType
 from scorekeeper_worker.engine.runner import forward
+from scorekeeper_worker.engine.runner.batch_inputs import build_inputs
 from scorekeeper_worker.engine.runner.forward import pooled_rows
-from scorekeeper_worker.engine.runner.packing import PackUnit, Pool, build_inputs
+from scorekeeper_worker.engine.runner.packing import PackUnit, Pool
 from scorekeeper_worker.model.loader import ScoringModel, load_model
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -88,15 +89,15 @@ def test_the_vocabulary_normaliser_runs_in_row_chunks(tiny_model: Callable[[str]
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     model = load_model(tiny_model("qwen3-causal"), DType.FLOAT32, "cpu", "qwen3-causal")
     rows = torch.randn(1000, model.hidden_size, generator=torch.Generator().manual_seed(0))
-    labels = torch.tensor([[1, 2]] * 1000)
+    labels = torch.tensor([1, 2])
     with torch.inference_mode(), LargestAllocation() as whole:
         expected = forward.causal_lm_scores(model, rows, labels, False, 1.0)
     assert whole.largest >= 1000 * model.logit_size * FLOAT32
     monkeypatch.setattr(forward, "NORMALISER_ELEMENTS", 16 * model.logit_size)
     with torch.inference_mode(), LargestAllocation() as chunked:
         scores = forward.causal_lm_scores(model, rows, labels, False, 1.0)
-    # Besides the chunk's logits only the label rows of the output embedding are gathered: [rows, labels, hidden].
-    assert chunked.largest <= max(16 * model.logit_size, 1000 * 2 * model.hidden_size) * FLOAT32
+    # Besides the chunk's logits only the rows themselves: the label rows of the output embedding are [labels, hidden].
+    assert chunked.largest <= max(16 * model.logit_size, 1000 * model.hidden_size) * FLOAT32
     torch.testing.assert_close(scores, expected, rtol=1e-6, atol=1e-7)
 
 
