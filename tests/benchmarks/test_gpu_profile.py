@@ -1,4 +1,4 @@
-"""bench/gpu/gpu_profile.py on CPU (`--cpu-dry-run`): every step the next GPU session runs first works here, and the
+"""bench/gpu/gpu_profile.py on CPU (`--cpu-dry-run`): every step the next GPU run takes first works here, and the
 kernel-name classification that compiled kernels fall back to puts the issue's kernels where the profile put them."""
 
 from __future__ import annotations

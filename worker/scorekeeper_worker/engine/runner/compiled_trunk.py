@@ -45,7 +45,7 @@ _mode: contextvars.ContextVar[str | None] = contextvars.ContextVar("scorekeeper_
 
 
 def compile_enabled(mode: str, device: torch.device) -> bool:
-    """`--compile`: on, off, or auto, which stays off until a GPU session has measured the compiled trunk against
+    """`--compile`: on, off, or auto, which stays off until a GPU run has measured the compiled trunk against
     the plain one and proven it exact (docs/gpu.md; then auto becomes on for CUDA). On CPU compiling is off unless
     asked for: it is not measured faster there."""
     if mode == "auto":

@@ -50,7 +50,7 @@ def _same(got: ForwardInputs, want: ForwardInputs) -> None:
     assert (got.num_tokens, got.padding_tokens, got.pool_rows) == (want.num_tokens, want.padding_tokens,
                                                                    want.pool_rows)
     assert got.layout.tokens is not None and got.layout.static_shapes == want.layout.static_shapes
-    assert got.layout.tokens.positions.data_ptr() == got.position_ids.data_ptr()  # a view, as before
+    assert got.layout.tokens.positions.data_ptr() == got.position_ids.data_ptr()  # a view of the ids' positions
 
 
 @pytest.mark.parametrize("seed", range(40))
