@@ -16,7 +16,7 @@
 # With FLASHINFER_WHEEL=path/flashinfer_python-….whl, bench/gpu/gpu_flashinfer.py last (its JIT needs nvcc).
 # A step cut short by its share loses only itself. OUT_DIR gets at most 8 files (what a device call returns).
 set -u
-case ${1:-} in -h|--help) sed -n 2,18p "$0" | cut -c3-; exit 0 ;; esac
+case ${1:-} in -h|--help) sed -n 2,17p "$0" | cut -c3-; exit 0 ;; esac
 out=${1:?usage: bench/gpu/run.sh OUT_DIR [BUDGET_SECONDS] [TOKENIZER_DIR]}
 budget=${2:-540}
 tokenizer=${3:-}
