@@ -17,10 +17,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import yaml
+
+if TYPE_CHECKING:
+    from scorekeeper_worker.base.config import WorkerConfig
+    from scorekeeper_worker.base.gpu_stats import GpuReader
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "scorekeeper-dashboard.json"
@@ -77,11 +81,14 @@ def dashboard_variables(dashboard: dict[str, Any]) -> dict[str, str]:
 
 
 def substitute(expr: str, values: dict[str, str]) -> str:
-    """Resolve Grafana variables the way Grafana would before sending a query; any unknown variable is an error."""
+    """Resolve Grafana variables the way Grafana would before sending a query; any unknown variable is an error.
+    `$1` is label_replace's first capture group, which Grafana leaves alone (no variable has a number's name)."""
     known = GRAFANA_INTERVALS | values
 
     def resolve(match: re.Match[str]) -> str:
         name = match.group(1) or match.group(2)
+        if name.isdigit():
+            return match.group(0)
         if name not in known:
             raise KeyError(f"unknown Grafana variable ${name} in {expr!r}")
         return known[name]
@@ -223,21 +230,21 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float, interval: flo
 
 class WorkerThread:
     """A real uvicorn server in a thread; unlike tests/conftest.RunningServer it does not insist on becoming ready,
-    so a worker whose model fails to load can be scraped too."""
+    so a worker whose model fails to load can be scraped too. `gpu` feeds its GPU metrics (a CPU worker has none)."""
 
-    def __init__(self, **config: Any) -> None:
+    def __init__(self, config: WorkerConfig, gpu: GpuReader | None = None) -> None:
         import uvicorn
         from scorekeeper_worker.api.server import create_app
-        from scorekeeper_worker.base.config import WorkerConfig
 
-        self.port = free_port()
+        assert not config.gc_freeze  # in-process: gc.freeze() would freeze the test process (serving.py)
+        self.port = config.port
         self.url = f"http://127.0.0.1:{self.port}"
-        config.setdefault("gc_freeze", False)  # in-process: gc.freeze() would freeze the test process (serving.py)
-        self.app = app = create_app(WorkerConfig(host="127.0.0.1", port=self.port, **config))
-        metrics_port = config.get("metrics_port")
+        self.app = app = create_app(config)
+        if gpu is not None:
+            app.state.metrics.watch_gpu(gpu)
         # Where Prometheus scrapes: the metrics port when the worker has one (--metrics-port), else the API port.
-        self.metrics_url = self.url if metrics_port is None else f"http://127.0.0.1:{metrics_port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+        self.metrics_url = self.url if config.metrics_port is None else f"http://127.0.0.1:{config.metrics_port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=self.port, log_level="warning",
                                                     timeout_graceful_shutdown=5))
         self.thread = threading.Thread(target=self.server.run, name=f"worker-{self.port}", daemon=True)
         self.thread.start()
@@ -262,21 +269,18 @@ def _die_with_parent() -> None:
 
 
 class Prometheus:
-    """The real `prometheus` binary on a loopback port with a temporary config and TSDB."""
+    """The real `prometheus` binary on a loopback port with a temporary config and TSDB, scraping `scrape_configs`
+    (operator_scrape.scrape_job: as the Prometheus Operator configures it for a ServiceMonitor)."""
 
-    def __init__(self, binary: str, workdir: Path, scrape_targets: dict[str, str], rule_files: list[Path],
-                 extra_labels: dict[str, str]) -> None:
+    def __init__(self, binary: str, workdir: Path, scrape_configs: list[dict[str, Any]],
+                 rule_files: list[Path]) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = {
             # 1 s scrapes and rule evaluations let 10-20 s of bounded load fill rate() windows and fire alerts.
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(path) for path in rule_files],
-            "scrape_configs": [
-                {"job_name": job, "metrics_path": "/metrics",
-                 "static_configs": [{"targets": [target], "labels": extra_labels}]}
-                for job, target in scrape_targets.items()
-            ],
+            "scrape_configs": scrape_configs,
         }
         config_path = workdir / "prometheus.yml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))

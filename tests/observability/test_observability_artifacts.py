@@ -29,19 +29,30 @@ from obs_harness import (
     split_threshold,
     substitute,
 )
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from scorekeeper_worker.base.metrics import WorkerMetrics
 
-DUMMY = {"namespace": "ns", "job": "job", "instance": "pod"}
+DUMMY = {"namespace": "ns", "job": "job", "pod": "pod"}
+WORKER_VARIABLES = ("$namespace", "$job", "$pod")  # the ScoringModels the dashboard shows
+
+
+def _families(registry: CollectorRegistry, prefix: str) -> set[str]:
+    text = generate_latest(registry).decode()
+    names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+    # prometheus-client adds a `<counter>_created` timestamp gauge to each counter and histogram: not ours to document.
+    return {name for name in names if name.startswith(prefix) and not name.endswith("_created")}
 
 
 def exported_metric_names() -> set[str]:
     """Every metric family the worker exports, as named in the exposition text (`# TYPE` lines)."""
-    from prometheus_client import generate_latest
-    from scorekeeper_worker.base.metrics import WorkerMetrics
+    return _families(WorkerMetrics().registry, "scorekeeper_")
 
-    text = generate_latest(WorkerMetrics().registry).decode()
-    names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
-    # prometheus-client adds a `<counter>_created` timestamp gauge to each counter and histogram: not ours to document.
-    return {name for name in names if not name.endswith("_created")}
+
+def operator_metric_names() -> set[str]:
+    """The operator's own (its module registers them in the process-wide registry)."""
+    import scorekeeper_operator.metrics  # noqa: F401
+
+    return _families(REGISTRY, "scorekeeper_operator_")
 
 
 # ------------------------------------------------------------------------------------------------ dashboard
@@ -81,7 +92,7 @@ def test_dashboard_layout_has_no_overlapping_panels() -> None:
 
 
 def test_dashboard_queries_use_only_known_variables_and_metrics() -> None:
-    exported = exported_metric_names()
+    exported = exported_metric_names() | operator_metric_names()
     # sample names a family exports: histograms add _bucket/_sum/_count; Info metrics already end in _info
     samples = exported | {f"{name}{suffix}" for name in exported for suffix in ("_bucket", "_sum", "_count")}
     dashboard = load_dashboard()
@@ -91,9 +102,10 @@ def test_dashboard_queries_use_only_known_variables_and_metrics() -> None:
         named = metric_names(query.expr)
         assert named, f"{query.panel}: names no scorekeeper metric"
         assert named <= samples, f"{query.panel}: {sorted(named - samples)} are not exported"
-        # every query honours the dashboard's selection
-        for variable in ("$namespace", "$job", "$instance"):
-            assert variable in query.expr, f"{query.panel} [{query.ref_id}] ignores {variable}"
+        # every query of worker series honours the dashboard's selection; the operator is not a ScoringModel
+        operator_only = all(name.startswith("scorekeeper_operator_") for name in named)
+        for variable in WORKER_VARIABLES:
+            assert (variable in query.expr) != operator_only, f"{query.panel} [{query.ref_id}] and {variable}"
     for expr in dashboard_variables(dashboard).values():
         assert metric_names(expr) <= samples
 
@@ -151,7 +163,7 @@ def test_chart_copies_are_identical(source: Path) -> None:
 def test_docs_cover_every_metric_alert_and_panel() -> None:
     docs = DOCS.read_text()
     documented_metrics = set(re.findall(r"`(scorekeeper_[a-z0-9_]+)", docs))
-    exported = exported_metric_names()
+    exported = exported_metric_names() | operator_metric_names()
     assert not exported - documented_metrics, f"undocumented metrics: {sorted(exported - documented_metrics)}"
     samples = exported | {f"{name}{suffix}" for name in exported for suffix in ("_bucket", "_sum", "_count")}
     assert documented_metrics <= samples, f"documented but not exported: {sorted(documented_metrics - samples)}"
@@ -163,3 +175,17 @@ def test_docs_cover_every_metric_alert_and_panel() -> None:
     assert not missing_panels, f"panels the docs do not describe: {sorted(missing_panels)}"
     for probe in ("/health", "/ready", "livenessProbe", "readinessProbe", "startupProbe"):
         assert probe in docs
+
+
+@pytest.mark.parametrize("example", sorted((DASHBOARD.parents[2] / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_is_scraped_by_a_default_kube_prometheus_stack(example: Path) -> None:
+    """Its Prometheus selects ServiceMonitors labelled with its release (docs/observability.md, What
+    kube-prometheus-stack selects): the README's own hello world must reach Grafana."""
+    from render_cases import render_all, sample_model  # the operator's render of a stored ScoringModel
+
+    bodies = [doc for doc in yaml.safe_load_all(example.read_text()) if doc and doc["kind"] == "ScoringModel"]
+    assert bodies
+    for body in bodies:
+        monitor = render_all(sample_model(body)).get("ServiceMonitor")
+        assert monitor is not None, f"{example.name}: {body['metadata']['name']} renders no ServiceMonitor"
+        assert monitor["metadata"]["labels"].get("release") == "kube-prometheus-stack", example.name

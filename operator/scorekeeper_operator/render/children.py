@@ -13,6 +13,8 @@ from scorekeeper_operator.spec.model import ScoringModel
 QUEUE_METRIC = "scorekeeper_queue_depth"
 # The PDB's disruption allowance; status counts a model with this many pods short as still Available.
 MAX_UNAVAILABLE = 1
+# The Service label the ServiceMonitor copies onto every target (render/manifests.py selector_labels).
+SERVICE_NAME_LABEL = "app.kubernetes.io/name"
 
 
 def scaling_behavior() -> dict[str, Any]:
@@ -77,6 +79,10 @@ def service_monitor(model: ScoringModel, meta: dict[str, Any], selector: dict[st
         "spec": {
             "selector": {"matchLabels": selector},
             "namespaceSelector": {"matchNames": [model.namespace]},
+            # Every target, `up` included, then says it is a worker (app_kubernetes_io_name="scorekeeper-worker"): the
+            # alert on a worker that keeps exiting finds its targets by it, with no worker series to go by. honorLabels
+            # stays false, so a worker cannot overwrite its namespace or pod; no worker label is a target label.
+            "targetLabels": [SERVICE_NAME_LABEL],
             "endpoints": [{"port": "metrics", "path": "/metrics", "interval": model.spec.monitoring.interval}],
         },
     }

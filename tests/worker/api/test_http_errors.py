@@ -107,10 +107,10 @@ def test_request_ids_are_generated_or_echoed(causal: RunningServer) -> None:
     assert odd.headers["x-request-id"] != "x" * 500
 
 
-def requests_total(server: RunningServer, endpoint: str, code: str) -> float:
+def requests_total(server: RunningServer, route: str, code: str) -> float:
     text = httpx.get(server.url + "/metrics", timeout=10).text
     return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
-               if s.name == "scorekeeper_requests_total" and s.labels == {"endpoint": endpoint, "code": code})
+               if s.name == "scorekeeper_requests_total" and s.labels == {"route": route, "code": code})
 
 
 @pytest.fixture()

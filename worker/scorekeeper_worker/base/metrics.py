@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 if TYPE_CHECKING:
     from scorekeeper_worker.base.config import WorkerConfig
+    from scorekeeper_worker.base.gpu_stats import GpuReader
 
 # Stage latencies range from ~100 µs (tokenizing a short text, a small GPU forward, an idle queue) to tens of seconds
 # (a long batch on CPU); the lowest buckets resolve the fast stages, the upper ones the alert thresholds (0.5-1 s).
@@ -65,8 +66,10 @@ class WorkerMetrics:
             "time the device computes (1 = never idle)", registry=r)
         self.device_simulated = Gauge("scorekeeper_device_simulated", "1 when --simulate-device-ms replaces every "
                                       "forward by a simulated device (a benchmark of the host pipeline)", registry=r)
-        self.requests = Counter("scorekeeper_requests_total", "HTTP requests by endpoint and status code",
-                                ["endpoint", "code"], registry=r)
+        # `route`, not `endpoint`: the Prometheus Operator gives every target an `endpoint` label (the port's name),
+        # which would rename this one exported_endpoint (docs/observability.md#target-labels).
+        self.requests = Counter("scorekeeper_requests_total", "HTTP requests by route and status code",
+                                ["route", "code"], registry=r)
         self.rejected = Counter("scorekeeper_rejected_requests_total", "Requests refused for capacity",
                                 ["reason"], registry=r)
         self.cancelled = Counter("scorekeeper_cancelled_requests_total",
@@ -156,6 +159,20 @@ class WorkerMetrics:
         self.gc_frozen_objects = Gauge("scorekeeper_gc_frozen_objects",
                                        "Objects moved to the collector's permanent generation after load (--gc-freeze)",
                                        registry=r)
+        # A GPU worker's device (watch_gpu): read at every scrape, so the values are current without a model thread.
+        self.gpu_memory_allocated = Gauge("scorekeeper_gpu_memory_allocated_bytes", "Device memory held by tensors "
+                                          "(torch.cuda.memory_allocated)", ["device"], registry=r)
+        self.gpu_memory_reserved = Gauge("scorekeeper_gpu_memory_reserved_bytes", "Device memory held by torch's "
+                                         "caching allocator: tensors and cached free blocks (torch.cuda.memory_"
+                                         "reserved)", ["device"], registry=r)
+        self.gpu_memory_peak = Gauge("scorekeeper_gpu_memory_peak_bytes", "Most device memory held by tensors at "
+                                     "once since the worker started (torch.cuda.max_memory_allocated)", ["device"],
+                                     registry=r)
+        self.gpu_memory_total = Gauge("scorekeeper_gpu_memory_total_bytes", "The device's memory", ["device"],
+                                      registry=r)
+        self.gpu_utilization = Gauge("scorekeeper_gpu_utilization_ratio", "Share of NVML's last sample period in "
+                                     "which a kernel ran on the device (where nvidia-ml-py is installed)", ["device"],
+                                     registry=r)
         for generation in ("0", "1", "2"):
             self.gc_pauses.labels(generation)
         for stage in STAGES:
@@ -181,3 +198,11 @@ class WorkerMetrics:
         """Export the limits a server runs with (called once, before serving)."""
         self.max_batch_tokens.set(config.max_batch_tokens)
         self.max_queue_tokens.set(config.max_queue_tokens)
+
+    def watch_gpu(self, gpu: GpuReader) -> None:
+        """Export `gpu`'s memory, and its utilisation where NVML answers, read afresh at every scrape."""
+        for gauge, read in ((self.gpu_memory_allocated, gpu.allocated), (self.gpu_memory_reserved, gpu.reserved),
+                            (self.gpu_memory_peak, gpu.peak), (self.gpu_memory_total, gpu.total)):
+            gauge.labels(gpu.device).set_function(read)
+        if gpu.has_utilization():
+            self.gpu_utilization.labels(gpu.device).set_function(gpu.utilization)

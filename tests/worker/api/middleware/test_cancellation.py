@@ -60,7 +60,7 @@ def test_a_disconnected_client_drops_its_queued_work(tiny_model: Callable[[str],
         np.testing.assert_allclose(response.json()["scores"], expected, rtol=1e-5, atol=1e-6)
     assert [[job.num_items for job, _ in batch] for batch in gate.batches] == [[1], [1]]  # no large unit ran
     assert _metric(server, "scorekeeper_cancelled_requests_total", reason="disconnect") == 1
-    assert _metric(server, "scorekeeper_requests_total", endpoint="/v1/score", code="499") == 1
+    assert _metric(server, "scorekeeper_requests_total", route="/v1/score", code="499") == 1
     assert _metric(server, "scorekeeper_queue_depth") == 0
 
 

@@ -192,9 +192,9 @@ def test_metrics_count_the_routes(tiny_model: Callable[[str], Path],
     assert httpx.post(server.url + "/v1/decisions", json={"model": "m", "input": "x", "questions": []},
                       timeout=60).status_code == 400
     after = samples()
-    assert delta("scorekeeper_requests_total", endpoint="/v1/decisions", code="200") == 1
-    assert delta("scorekeeper_requests_total", endpoint="/v1/decisions", code="400") == 1
-    assert delta("scorekeeper_requests_total", endpoint="/v1/systemone", code="200") == 1
+    assert delta("scorekeeper_requests_total", route="/v1/decisions", code="200") == 1
+    assert delta("scorekeeper_requests_total", route="/v1/decisions", code="400") == 1
+    assert delta("scorekeeper_requests_total", route="/v1/systemone", code="200") == 1
     types = {"predicate": 2, "choice": 2, "yes_no": 1, "score": 1}
     assert {t: delta("scorekeeper_decision_questions_total", type=t) for t in types} == types
     assert delta("scorekeeper_prompt_tokens_total") == tokens

@@ -5,7 +5,7 @@ The request's context (pure ASGI): its id, its metrics, the in-flight count the 
 on errors.
 - `x-request-id`: the client's, when it is sane (1-128 visible ASCII characters), else a new one; echoed in the
   response and stamped on every log line written while the request is handled (logs.py).
-- `scorekeeper_requests_total{endpoint, code}` counts every answer, 5xx included, by declared route ("other" for
+- `scorekeeper_requests_total{route, code}` counts every answer, 5xx included, by declared route ("other" for
   any other path, so scanners cannot create series without bound).
 - An exception that escapes the app becomes the error response here and is logged once, with the request id;
   nothing is re-raised, so uvicorn does not log it a second time.
