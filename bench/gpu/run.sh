@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU measurement of docs/gpu.md in one run that ends within a time budget, for a GPU machine lent for minutes:
 #
-#   [STEPS=test_cuda,profile,load,qwen3] bench/gpu/run.sh OUT_DIR [BUDGET_SECONDS] [TOKENIZER_DIR]
+# usage: [STEPS=test_cuda,profile,load,qwen3] bench/gpu/run.sh OUT_DIR [BUDGET_SECONDS] [TOKENIZER_DIR]
 #
 # Steps, in the order STEPS names them (default: all four, most needed first), each with a share of the budget:
 #   test_cuda  tests/worker/engine/runner/test_cuda.py, the assertions CI cannot run (the compiled trunk's

@@ -13,7 +13,7 @@ elsewhere), refuses new ones, ends the model thread and tells `on_device_lost` (
 Two batches are in flight at once on a GPU (`depth`): batch N+1 is formed, packed, copied and enqueued while batch N
 runs on the device, then N is finished (its results handed to its jobs, its complete requests answered) as soon as it
 completes, so the device always has the next batch queued behind the one it runs. N+1 is formed just before the device
-is expected to be done with N (engine/queue/launch_timing.py), so that requests arriving meanwhile join it. With nothing
+is expected to be done with N (engine/queue/batching.py), so that requests arriving meanwhile join it. With nothing
 queued behind a batch, it is finished at once: a lightly loaded worker answers as soon as its batch is done. On CPU a
 batch's work is done when it is launched, so batches simply run one after the other."""
 
@@ -30,10 +30,9 @@ from typing import Protocol
 
 from scorekeeper_worker.base.errors import DeviceLost, Overloaded
 from scorekeeper_worker.base.metrics import WorkerMetrics, size_class
-from scorekeeper_worker.engine.queue.batching import OpenRequest, arrival_turn, take_batch
+from scorekeeper_worker.engine.queue.batching import LaunchTiming, OpenRequest, arrival_turn, take_batch
 from scorekeeper_worker.engine.queue.isolation import DevicePoisoned, run_isolated
 from scorekeeper_worker.engine.queue.jobs import Job
-from scorekeeper_worker.engine.queue.launch_timing import LaunchTiming
 from scorekeeper_worker.engine.runner.executor import BatchStats, Executor, Launched
 from scorekeeper_worker.engine.runner.packing import PackUnit
 
@@ -149,7 +148,7 @@ class Scheduler:
 
     def _next_batch(self, in_flight: bool) -> Batch:
         """The next batch; empty once stopping and drained. With batches in flight: formed just in time
-        (engine/queue/launch_timing.py), and empty when nothing is queued by then."""
+        (engine/queue/batching.py), and empty when nothing is queued by then."""
         with self._cond:
             while not in_flight and not self._waiting and not self._stopping:
                 self._cond.wait()

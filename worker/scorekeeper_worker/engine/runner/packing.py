@@ -143,7 +143,7 @@ def pools(units: list[PackUnit], starts: list[int]) -> Pools:
     total = int(counts.sum())
     within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
     token = np.repeat(np.array(first, dtype=np.int64), counts) + within * np.repeat(np.array(step, np.int64), counts)
-    weight = np.repeat(1.0 / np.maximum(counts, 1), counts).astype(np.float32)  # float64 1/n, rounded as before
+    weight = np.repeat(1.0 / np.maximum(counts, 1), counts).astype(np.float32)  # float64 1/n, rounded to float32
     return Pools(token, np.repeat(np.arange(len(counts), dtype=np.int64), counts), weight, readouts)
 
 
