@@ -58,8 +58,9 @@ from scorekeeper_worker.api.wire.compat import (
     RerankResponse,
 )
 from scorekeeper_worker.api.wire.score import ModelCard, ModelList, ScoreRequest, ScoreResponse, Status
-from scorekeeper_worker.base.config import LogLevel, WorkerConfig
+from scorekeeper_worker.base.config import Device, LogLevel, WorkerConfig
 from scorekeeper_worker.base.errors import NotReady
+from scorekeeper_worker.base.gpu_stats import TorchGpu
 from scorekeeper_worker.base.logs import install_request_ids
 from scorekeeper_worker.base.metrics import WorkerMetrics
 from scorekeeper_worker.serving.service import ScoringService
@@ -76,6 +77,8 @@ def create_app(config: WorkerConfig, load_in_background: bool = True,
     install_request_ids()
     metrics = WorkerMetrics()
     metrics.configure(config)
+    if config.device == Device.CUDA:
+        metrics.watch_gpu(TorchGpu())  # the worker runs on the current device, cuda:0 of those it sees
     service = ScoringService(config, metrics)
     drain = Drain()
 
@@ -142,15 +145,17 @@ def create_app(config: WorkerConfig, load_in_background: bool = True,
     app.add_middleware(RequestContext, metrics=metrics, drain=drain, routes=routes, reporter=reporter)
 
     v1 = (401,) if keys is not None else ()
+    served_name = config.name  # what GET /v1/models lists; the name a response gives when the request names none
     scoring_errors = error_responses(400, *v1, 429, 503, 504, *ANY_ROUTE)
 
     # Scoring routes race their work against the client's connection (a disconnect drops the queued work) and
     # serialise in a worker thread (a large response must not stall the event loop).
     @app.post("/v1/score", response_model=ScoreResponse, responses=scoring_errors)
     async def score(body: ScoreRequest, http: Request) -> Response:
-        scored = await cancel_on_disconnect(service.run(body.ask()), http.receive)
+        scored = await cancel_on_disconnect(service.run(body.ask(served_name)), http.receive)
         started = time.perf_counter()
-        content = await asyncio.to_thread(lambda: ScoreResponse.of(body.model, scored).model_dump_json())
+        name = body.model or served_name
+        content = await asyncio.to_thread(lambda: ScoreResponse.of(name, scored).model_dump_json())
         metrics.stage_seconds.labels("serialize").observe(time.perf_counter() - started)
         return Response(content, media_type="application/json")
 
@@ -158,15 +163,15 @@ def create_app(config: WorkerConfig, load_in_background: bool = True,
     @app.post("/v1/rerank", response_model=RerankResponse, responses=scoring_errors)
     @app.post("/v2/rerank", response_model=RerankResponse, responses=scoring_errors)
     async def rerank_route(body: RerankRequest, http: Request) -> Response:
-        response = await cancel_on_disconnect(rerank(service, body), http.receive)
+        response = await cancel_on_disconnect(rerank(service, body, served_name), http.receive)
         # Cohere and Jina leave out what was not asked for (a result's document, an id the document did not have).
         content = await asyncio.to_thread(response.model_dump_json, exclude_none=True)
         return Response(content, media_type="application/json")
 
     @app.post("/v1/embeddings", response_model=EmbeddingResponse, responses=scoring_errors)
     async def embeddings_route(body: EmbeddingRequest, http: Request) -> Response:
-        vectors, prompt_tokens = await cancel_on_disconnect(embed(service, body), http.receive)
-        response = await asyncio.to_thread(embedding_response, body, vectors, prompt_tokens)
+        vectors, prompt_tokens = await cancel_on_disconnect(embed(service, body, served_name), http.receive)
+        response = await asyncio.to_thread(embedding_response, body, vectors, prompt_tokens, served_name)
         return Response(await asyncio.to_thread(response.model_dump_json), media_type="application/json")
 
     # Decisions (/v1/decisions, /v1/systemone): served by causal LMs only (api/routes/decisions.SERVED_KINDS).

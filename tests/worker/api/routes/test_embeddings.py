@@ -122,7 +122,7 @@ def test_only_embedding_models_embed(embed: tuple[RunningServer, Any, Any], tiny
                                      server_for: Callable[..., RunningServer]) -> None:
     server, _, _ = embed
     assert _embeddings(server, {"input": "a", "dimensions": 32})["data"][0]["index"] == 0
-    assert _embeddings(server, {"input": []}) == {"object": "list", "data": [], "model": "default",
+    assert _embeddings(server, {"input": []}) == {"object": "list", "data": [], "model": "bert-embed",
                                                   "usage": {"prompt_tokens": 0, "total_tokens": 0}}
     error = _embeddings(server_for(tiny_model("bert-cross")), {"input": "a"}, 400)
     assert error["message"] == ("model: /v1/embeddings needs an embedding model; this server serves a cross_encoder "

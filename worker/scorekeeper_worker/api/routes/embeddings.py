@@ -22,14 +22,16 @@ def _base64(vector: list[float]) -> str:
     return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
 
 
-def response(request: EmbeddingRequest, vectors: list[list[float]], prompt_tokens: int) -> EmbeddingResponse:
+def response(request: EmbeddingRequest, vectors: list[list[float]], prompt_tokens: int,
+             served_name: str) -> EmbeddingResponse:
     encode = _base64 if request.encoding_format == "base64" else list
     data = [Embedding(index=i, embedding=encode(vector)) for i, vector in enumerate(vectors)]
-    return EmbeddingResponse(data=data, model=request.model,
+    return EmbeddingResponse(data=data, model=request.model or served_name,
                              usage=EmbeddingUsage(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens))
 
 
-async def embed(service: ScoringService, request: EmbeddingRequest) -> tuple[list[list[float]], int]:
+async def embed(service: ScoringService, request: EmbeddingRequest,
+                served_name: str) -> tuple[list[list[float]], int]:
     """The inputs' embeddings, in order, and the tokens that ran."""
     model = service.model
     if model is not None and model.kind != ModelKind.EMBEDDING:
@@ -39,5 +41,5 @@ async def embed(service: ScoringService, request: EmbeddingRequest) -> tuple[lis
     if dimensions is not None and request.dimensions is not None and request.dimensions != dimensions:
         raise Invalid("dimensions", f"this model's embeddings have {dimensions} dimensions; "
                          f"{request.dimensions} is not offered")
-    scored = await service.run(request.ask())
+    scored = await service.run(request.ask(served_name))
     return scored.pooled or [], scored.prompt_tokens

@@ -34,8 +34,10 @@ def ranked(scores: list[float], top_n: int | None) -> list[int]:
     return sorted(range(len(scores)), key=lambda i: -scores[i])[:top_n]
 
 
-async def rerank(service: ScoringService, request: RerankRequest) -> RerankResponse:
+async def rerank(service: ScoringService, request: RerankRequest, served_name: str) -> RerankResponse:
+    """`served_name` names the model in the answer to a request that names none."""
     model = service.model
+    name = request.model or served_name
     causal = model is not None and model.kind == ModelKind.CAUSAL_LM
     if causal and model is not None and model.default_labels is None:
         raise Invalid("model", "/v1/rerank on a causal LM needs label tokens: start the server with --label-tokens "
@@ -49,7 +51,7 @@ async def rerank(service: ScoringService, request: RerankRequest) -> RerankRespo
                         max_item_tokens=request.max_tokens_per_doc, chunk=request.long_document_strategy == "chunk",
                         max_chunks=request.max_chunks_per_doc, field="documents")
     scored = await service.run(ScoreAsk(query=request.query, items=texts, apply_softmax=not single_logit,
-                                        instruct=request.instruct, rules=rules, model_name=request.model))
+                                        instruct=request.instruct, rules=rules, model_name=name))
     if single_logit and model is not None:
         rows = [model.sentence_config.activation.apply(row[0]) for row in scored.rows]
     else:
@@ -62,4 +64,4 @@ async def rerank(service: ScoringService, request: RerankRequest) -> RerankRespo
             index=i, relevance_score=relevance[i], id=None if isinstance(document, str) else document.id,
             document=RerankedDocument(text=texts[i]) if request.return_documents else None))
     usage = Usage(prompt_tokens=scored.prompt_tokens, total_tokens=scored.prompt_tokens)
-    return RerankResponse(id=REQUEST_ID.get(), model=request.model, results=results, usage=usage)
+    return RerankResponse(id=REQUEST_ID.get(), model=name, results=results, usage=usage)

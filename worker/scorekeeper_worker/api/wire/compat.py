@@ -12,6 +12,7 @@ from scorekeeper_worker.api.wire.score import (
     Count,
     CutToFit,
     Instruct,
+    ModelName,
     StrictModel,
     Text,
     TokenIds,
@@ -61,7 +62,7 @@ Document = Annotated[
 class RerankRequest(StrictModel):
     query: Text
     documents: list[Document]
-    model: Text = "default"
+    model: ModelName = None
     top_n: Count | None = Field(None, description="return only the best top_n (more than there are: all)")
     return_documents: bool = False
     instruct: Instruct = None
@@ -119,7 +120,7 @@ EmbeddingInput = Annotated[
 
 class EmbeddingRequest(StrictModel):
     input: EmbeddingInput
-    model: Text = "default"
+    model: ModelName = None
     encoding_format: Literal["float", "base64"] = Field(
         "float", description="base64: each embedding as little-endian float32 bytes, base64-encoded")
     dimensions: Count | None = Field(None, description="only the model's own dimension is accepted")
@@ -137,12 +138,12 @@ class EmbeddingRequest(StrictModel):
             return [value]
         return [value] if value and isinstance(value[0], int) else value  # type: ignore[list-item,return-value]
 
-    def ask(self) -> ScoreAsk:
-        """The inputs' embeddings, with no query row."""
+    def ask(self, served_name: str = "") -> ScoreAsk:
+        """The inputs' embeddings, with no query row; `served_name` answers a request that names no model."""
         inputs = self.inputs
         rules = LengthRules(truncate=self.truncate, direction=Direction(self.truncation_direction), field="input")
         return ScoreAsk(query=[] if inputs and isinstance(inputs[0], list) else "", items=inputs, rules=rules,
-                        prompt_name=self.prompt_name, embed=True, model_name=self.model)
+                        prompt_name=self.prompt_name, embed=True, model_name=self.model or served_name)
 
 
 class Embedding(BaseModel):

@@ -48,6 +48,14 @@ def integral(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
+def integral_ids(value: Any) -> Any:
+    """A list of token ids, its integral numbers as integers (2.0 → 2). Ids come by the thousand, so the common case
+    (every one an int already) is one pass in C; pydantic then checks each id in Rust, with its own errors."""
+    if not isinstance(value, list) or set(map(type, value)) <= {int}:
+        return value
+    return [integral(v) for v in value]
+
+
 def _shape(value: Any) -> str | None:
     """The reading of a union field that fits the input's shape (None: no reading fits)."""
     if isinstance(value, str):
@@ -68,8 +76,11 @@ def _label_shape(value: Any) -> str | None:
 
 
 Text = Annotated[str, AfterValidator(valid_text)]
-TokenId = Annotated[int, Field(ge=0, le=MAX_INT), BeforeValidator(integral)]
-TokenIds = list[TokenId]
+# A request's `model`: echoed in its response, as SGLang, Cohere and OpenAI clients expect; a request that names none
+# is answered with the served model's name (what GET /v1/models lists), which the route passes to ask().
+ModelName = Annotated[Text | None, Field(description="echoed in the response; default: the served model's name, as "
+                                                     "GET /v1/models lists it")]
+TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=MAX_INT)]], BeforeValidator(integral_ids)]
 Query = Annotated[
     Annotated[Text, Tag("<text>")] | Annotated[TokenIds, Tag("<list>")],
     Discriminator(_query_shape, custom_error_type="query_type",
@@ -130,7 +141,7 @@ class ScoreRequest(StrictModel):
         None, description="causal LM: label tokens, one list for all items or one list per item")
     apply_softmax: bool = False
     item_first: bool = False
-    model: Text = "default"
+    model: ModelName = None
     return_pooled_hidden_states: bool = False
     temperature: Temperature = Field(1.0, description="≠ 1 requires apply_softmax")
     multi_item_scoring: bool | None = Field(
@@ -166,8 +177,8 @@ class ScoreRequest(StrictModel):
         assert isinstance(self.items, list)
         return self.items
 
-    def ask(self) -> ScoreAsk:
-        """What planning reads of it."""
+    def ask(self, served_name: str = "") -> ScoreAsk:
+        """What planning reads of it; `served_name` answers a request that names no model."""
         assert self.query is not None  # filled in by validation
         return ScoreAsk(query=self.query, items=self.item_list, label_token_ids=self.label_token_ids,
                         apply_softmax=self.apply_softmax, temperature=self.temperature, item_first=self.item_first,
@@ -175,7 +186,7 @@ class ScoreRequest(StrictModel):
                         multi_item_scoring=self.multi_item_scoring, instruct=self.instruct,
                         rules=LengthRules(truncate=self.truncate, direction=Direction(self.truncation_direction),
                                           max_item_tokens=self.max_tokens_per_item),
-                        model_name=self.model)
+                        model_name=self.model or served_name)
 
 
 class Usage(BaseModel):
