@@ -89,3 +89,11 @@ def test_gpu_memory_alert_fires_for_the_nearly_full_gpu_only(observed: Observed)
     assert ("ScorekeeperGpuMemoryNearlyFull", "main") not in _firing(observed.prometheus, "immediate")
     values = finite_values(observed.prometheus.query('scorekeeper_gpu_memory_reserved_bytes{job="main"}'))
     assert values == [observed.gpus["main"].memory["reserved"]]
+
+
+def test_the_pod_variable_lists_pods(observed: Observed) -> None:
+    """label_values(scorekeeper_build_info{...}, pod): the workers' pod names, not the scrape address IP:9090."""
+    query = next(v["query"]["query"] for v in load_dashboard()["templating"]["list"] if v["name"] == "pod")
+    selector = query.removeprefix("label_values(").rsplit(",", 1)[0]
+    series = observed.prometheus.api("series", **{"match[]": substitute(selector, {"namespace": ".*", "job": ".*"})})
+    assert {s["pod"] for s in series} == {observed.models[name].pod for name in observed.workers}
