@@ -56,6 +56,7 @@ def download_env(model: ScoringModel, settings: OperatorSettings) -> list[dict[s
         "HF_ENDPOINT": settings.hf_endpoint,
         "HF_HUB_DISABLE_TELEMETRY": "1",
         **{k: pod_layout.WORKER_ENV[k] for k in ("HOME", "TMPDIR", "XDG_CACHE_HOME", "HF_HOME")},
+        **pod_layout.NO_GPUS_ENV,  # it never asks for a GPU
     }
     if source.hf_file is not None:
         values["HF_FILE"] = source.hf_file

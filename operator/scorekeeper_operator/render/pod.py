@@ -2,8 +2,8 @@
 
 Every pod meets the Pod Security "restricted" profile (tests/operator/support/pod_security.py checks each rule):
 non-root numeric user, RuntimeDefault seccomp, all capabilities dropped, no privilege escalation, only
-restricted-profile volume types. Beyond the profile: a read-only root filesystem (tmp and caches are emptyDirs) and no service-account
-token (the worker never calls the Kubernetes API).
+restricted-profile volume types. Beyond the profile: a read-only root filesystem (tmp and caches are emptyDirs), no
+service-account token (the worker never calls the Kubernetes API), and no GPU for a container that asks for none.
 """
 
 from __future__ import annotations
@@ -95,6 +95,16 @@ def _dump(items: tuple[Any, ...]) -> list[dict[str, Any]]:
     return [item.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_defaults=True) for item in items]
 
 
+def _no_gpus_env(model: ScoringModel) -> list[dict[str, str]]:
+    """NVIDIA_VISIBLE_DEVICES=void unless the worker asks for an NVIDIA GPU (then the device plugin sets it): the image
+    says `all`, and on a node whose container runtime is NVIDIA's (its default, or a runtimeClassName) a CPU model
+    would see every GPU of the node."""
+    gpu = model.spec.resources.gpu
+    if model.spec.uses_gpu and gpu.resource_name.startswith(pod_layout.NVIDIA_RESOURCE_PREFIX):
+        return []
+    return [{"name": k, "value": v} for k, v in pod_layout.NO_GPUS_ENV.items()]
+
+
 def _worker_container(model: ScoringModel, image: str, model_mounts: list[dict[str, Any]],
                       user: dict[str, Any]) -> dict[str, Any]:
     spec = model.spec
@@ -106,7 +116,8 @@ def _worker_container(model: ScoringModel, image: str, model_mounts: list[dict[s
         "args": flags.worker_args(model),
         "ports": [{"name": "http", "containerPort": worker_contract.WORKER_PORT, "protocol": "TCP"},
                   {"name": "metrics", "containerPort": worker_contract.METRICS_PORT, "protocol": "TCP"}],
-        "env": [*({"name": k, "value": v} for k, v in pod_layout.WORKER_ENV.items()), *user["env"]],
+        "env": [*({"name": k, "value": v} for k, v in pod_layout.WORKER_ENV.items()), *_no_gpus_env(model),
+                *user["env"]],
         "resources": _resources(model),
         # /ready turns true only once the model is loaded and warm; until then the startup probe holds off
         # liveness, for up to rollout.maxStartupSeconds (plus compile.budgetSeconds when the worker compiles).

@@ -107,6 +107,9 @@ class PodOptions(Spec):
         if env:
             raise ValueError(f"pod.env sets {env}: the operator sets these (SCOREKEEPER_* configure the worker:"
                              " use the spec fields or extraArgs)")
+        if nvidia := sorted(e.name for e in self.env if e.name.startswith(pod_layout.NVIDIA_ENV_PREFIX)):
+            raise ValueError(f"pod.env must not set NVIDIA_* variables ({', '.join(nvidia)}): the NVIDIA container"
+                             " runtime would give the pod GPUs it did not request; ask for one with resources.gpu")
         volumes = [v.name for v in self.volumes]
         if clash := sorted(set(volumes) & pod_layout.RESERVED_VOLUMES):
             raise ValueError(f"pod.volumes uses the operator's volume names {clash}")
@@ -125,6 +128,12 @@ class PodOptions(Spec):
         if keys := sorted(k for k in self.annotations if k.startswith(pod_layout.RESERVED_ANNOTATION_PREFIX)):
             raise ValueError(f"pod.annotations may not set {keys} ({pod_layout.RESERVED_ANNOTATION_PREFIX}*"
                              " belongs to the operator)")
+        if profiles := sorted(f"{k}: {v}" for k, v in self.annotations.items()
+                              if k.startswith(pod_layout.PROFILE_ANNOTATION_PREFIXES)
+                              and v != pod_layout.DEFAULT_PROFILE
+                              and not v.startswith(pod_layout.LOCAL_PROFILE_PREFIX)):
+            raise ValueError(f"pod.annotations may set AppArmor and seccomp profiles only to runtime/default or"
+                             f" localhost/<profile> (the restricted Pod Security level), not {'; '.join(profiles)}")
         return self
 
 

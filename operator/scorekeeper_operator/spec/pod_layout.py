@@ -52,3 +52,16 @@ RESERVED_LABELS = frozenset({"app.kubernetes.io/name", "app.kubernetes.io/instan
                              "app.kubernetes.io/part-of", "app.kubernetes.io/managed-by"})
 # Annotation keys under this prefix are the operator's (the config hash, the default image).
 RESERVED_ANNOTATION_PREFIX = "scorekeeper.dev/"
+# Annotations that choose a container's AppArmor or seccomp profile: only the profiles the restricted Pod Security
+# level allows (runtime/default, localhost/<profile>), or a CR author could run the pods unconfined.
+PROFILE_ANNOTATION_PREFIXES = ("container.apparmor.security.beta.kubernetes.io/",
+                               "seccomp.security.alpha.kubernetes.io/",
+                               "container.seccomp.security.alpha.kubernetes.io/")
+DEFAULT_PROFILE, LOCAL_PROFILE_PREFIX = "runtime/default", "localhost/"
+
+# The NVIDIA container runtime gives a container the GPUs and driver capabilities its NVIDIA_* variables name (the
+# worker image, a CUDA base, says NVIDIA_VISIBLE_DEVICES=all). A container that requests no NVIDIA resource gets
+# `void` (the pod's env wins over the image's and over envFrom); spec.pod.env sets no NVIDIA_* variable.
+NVIDIA_ENV_PREFIX = "NVIDIA_"
+NVIDIA_RESOURCE_PREFIX = "nvidia.com/"
+NO_GPUS_ENV: dict[str, str] = {"NVIDIA_VISIBLE_DEVICES": "void"}

@@ -128,6 +128,17 @@ BOUNDARIES: list[tuple[str, dict[str, Any], str | None]] = [
     ("label-reserved", _doc(pod={"labels": {"app.kubernetes.io/instance": "y"}}), "pod.labels must not set"),
     ("label-ok", _doc(pod={"labels": {"app.kubernetes.io/version": "1"}}), None),
     ("annotation-reserved", _doc(pod={"annotations": {"scorekeeper.dev/x": "1"}}), "pod.annotations must not set"),
+    ("env-nvidia", _doc(pod={"env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}),
+     "pod.env must not set NVIDIA_* variables"),
+    ("env-nvidia-suffix-ok", _doc(pod={"env": [{"name": "MY_NVIDIA_NOTE", "value": "x"}]}), None),
+    ("apparmor-unconfined", _doc(pod={"annotations": {"container.apparmor.security.beta.kubernetes.io/worker":
+                                                      "unconfined"}}), "AppArmor and seccomp profiles"),
+    ("seccomp-unconfined", _doc(pod={"annotations": {"seccomp.security.alpha.kubernetes.io/pod": "unconfined"}}),
+     "AppArmor and seccomp profiles"),
+    ("apparmor-default", _doc(pod={"annotations": {"container.apparmor.security.beta.kubernetes.io/worker":
+                                                   "runtime/default"}}), None),
+    ("seccomp-localhost", _doc(pod={"annotations": {"container.seccomp.security.alpha.kubernetes.io/worker":
+                                                    "localhost/scorer"}}), None),
     ("peer-empty", _doc(networkPolicy={"enabled": True, "from": [{}]}), "need podSelector, namespaceSelector"),
     ("peer-ip-and-selector", _doc(networkPolicy={"enabled": True, "from": [
         {"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}]}), "ipBlock cannot be combined"),

@@ -1,5 +1,6 @@
 """Every worker pod the operator can render meets the Pod Security "restricted" level (pod_security.py lists and
-implements its controls) and this project's hardening beyond it; the checker itself catches each violation."""
+implements its controls) and this project's hardening beyond it, and gets no GPU it did not ask for; the checker
+itself catches each violation."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import crd_tools
 import pytest
-from pod_security import hardening_violations, restricted_violations
+from pod_security import gpu_exposure, hardening_violations, restricted_violations
 from render_cases import POD_VARIANTS, model_from, pod_spec, render_all, sample_model, variant_spec
 from test_operator_render import MATRIX, matrix_spec
 
@@ -114,6 +115,24 @@ def test_the_checker_catches_the_apparmor_annotation_and_the_hardening_gaps() ->
     token.pop("automountServiceAccountToken")
     assert hardening_violations(writable) == ["read-only root filesystem: worker"]
     assert hardening_violations(token) == ["the service-account token is mounted"]
+
+
+def test_the_checker_catches_a_seccomp_annotation_and_a_gpu_not_asked_for() -> None:
+    _, pod, meta = PODS[0]
+    for key in ("seccomp.security.alpha.kubernetes.io/pod", "container.seccomp.security.alpha.kubernetes.io/worker"):
+        annotated = {**meta, "annotations": {key: "unconfined"}}
+        assert [v[:3] for v in restricted_violations(pod, annotated)] == ["10 "]
+    assert gpu_exposure(pod) == []
+    seen, named = copy.deepcopy(pod), copy.deepcopy(pod)
+    _worker(seen)["env"] = [e for e in _worker(seen)["env"] if e["name"] != "NVIDIA_VISIBLE_DEVICES"]
+    _worker(named)["env"].append({"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "all"})
+    assert gpu_exposure(seen) == ["worker requests no GPU but does not set NVIDIA_VISIBLE_DEVICES=void"]
+    assert gpu_exposure(named) == ["worker sets ['NVIDIA_DRIVER_CAPABILITIES']"]
+
+
+@pytest.mark.parametrize(("name", "pod", "meta"), PODS, ids=[name for name, _, _ in PODS])
+def test_no_worker_pod_gets_a_gpu_it_did_not_ask_for(name: str, pod: Pod, meta: dict[str, Any]) -> None:
+    assert gpu_exposure(pod) == []
 
 
 def test_all_controls_have_a_negative_control() -> None:

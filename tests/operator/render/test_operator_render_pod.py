@@ -156,9 +156,11 @@ def test_reserved_names_agree_with_the_renderer_and_the_crd() -> None:
                                           "auth": {"apiKeySecretRef": {"name": "keys"}}})))
     assert {v["name"] for v in pod["volumes"]} == pod_layout.RESERVED_VOLUMES
     set_env = {e["name"] for c in [*pod["initContainers"], *pod["containers"]] for e in c["env"]}
-    assert set_env <= pod_layout.RESERVED_ENV
+    assert set_env <= pod_layout.RESERVED_ENV | set(pod_layout.NO_GPUS_ENV)
     schema = crd_tools.version_schema()["properties"]["spec"]["properties"]["pod"]["properties"]
-    env_rule = schema["env"]["x-kubernetes-validations"][0]["rule"]
+    env_rule, nvidia_rule = (rule["rule"] for rule in schema["env"]["x-kubernetes-validations"])
+    assert f"'{pod_layout.NVIDIA_ENV_PREFIX}'" in nvidia_rule and all(name.startswith(pod_layout.NVIDIA_ENV_PREFIX)
+                                                                      for name in pod_layout.NO_GPUS_ENV)
     assert env_rule.count("'") // 2 == len(pod_layout.RESERVED_ENV) + 1  # the names, and the SCOREKEEPER_ prefix
     assert all(f"'{name}'" in env_rule for name in pod_layout.RESERVED_ENV)
     assert all(f"'{label}'" in schema["labels"]["x-kubernetes-validations"][0]["rule"]

@@ -26,8 +26,14 @@ ephemeral container):
  restricted 17 Seccomp            RuntimeDefault or Localhost on the pod, or on every container
  restricted 18 Capabilities       every container drops ALL, adds at most NET_BIND_SERVICE
 
+The seccomp annotations (`seccomp.security.alpha.kubernetes.io/pod`, `container.seccomp…/<name>`) are checked as the
+profile's older versions check them (only runtime/default, docker/default or localhost/*): the fields replaced them,
+but a CR author must not be able to set them either.
+
 `hardening_violations` adds what this project asks beyond the profile: a read-only root filesystem on every
-container and no service-account token.
+container and no service-account token. `gpu_exposure` checks that no container gets a GPU it did not request: the
+worker image (a CUDA base) says NVIDIA_VISIBLE_DEVICES=all, which the NVIDIA container runtime honours, so every
+container that requests no `nvidia.com/` resource must say `void`, and no container sets another NVIDIA_* variable.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ SAFE_SYSCTLS = {"kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.i
                 "net.ipv4.tcp_syncookies", "net.ipv4.ping_group_range", "net.ipv4.ip_local_reserved_ports",
                 "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout", "net.ipv4.tcp_keepalive_intvl",
                 "net.ipv4.tcp_keepalive_probes"}
+SECCOMP_ANNOTATIONS = ("seccomp.security.alpha.kubernetes.io/", "container.seccomp.security.alpha.kubernetes.io/")
 RESTRICTED_VOLUME_SOURCES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
                              "projected", "secret"}
 
@@ -79,6 +86,9 @@ def _baseline(pod: dict[str, Any], metadata: dict[str, Any]) -> Iterator[str]:
         if key.startswith("container.apparmor.security.beta.kubernetes.io/") \
                 and value != "runtime/default" and not value.startswith("localhost/"):
             yield f"7 AppArmor annotation: {key}"
+        if key.startswith(SECCOMP_ANNOTATIONS) and value not in ("runtime/default", "docker/default") \
+                and not value.startswith("localhost/"):
+            yield f"10 Seccomp annotation: {key}"
     for sysctl in (pod.get("securityContext") or {}).get("sysctls") or []:
         if sysctl["name"] not in SAFE_SYSCTLS:
             yield f"11 Sysctls: {sysctl['name']}"
@@ -141,4 +151,19 @@ def hardening_violations(pod: dict[str, Any]) -> list[str]:
              if _security(c).get("readOnlyRootFilesystem") is not True]
     if pod.get("automountServiceAccountToken") is not False:
         found.append("the service-account token is mounted")
+    return found
+
+
+def gpu_exposure(pod: dict[str, Any]) -> list[str]:
+    found = []
+    for container in containers(pod):
+        env = {e["name"]: e.get("value") for e in container.get("env") or []}
+        resources = container.get("resources") or {}
+        asks = any(name.startswith("nvidia.com/") for group in resources.values() for name in group)
+        if not asks and env.get("NVIDIA_VISIBLE_DEVICES") != "void":
+            found.append(f"{container['name']} requests no GPU but does not set NVIDIA_VISIBLE_DEVICES=void")
+        if asks and "NVIDIA_VISIBLE_DEVICES" in env:
+            found.append(f"{container['name']} sets NVIDIA_VISIBLE_DEVICES (the device plugin's)")
+        if others := sorted(n for n in env if n.startswith("NVIDIA_") and n != "NVIDIA_VISIBLE_DEVICES"):
+            found.append(f"{container['name']} sets {others}")
     return found
