@@ -171,7 +171,7 @@ class Pacer:
         stuck = sorted((key, why) for key, why in self._stalls.items() if key in held)
         if not stuck:
             return f"{slots}: the models in them are rolling out; the longest-waiting model goes next"
-        return f"{slots}: " + "; ".join(f"{ns}/{name} holds one and is stuck ({why})" for (ns, name), why in stuck)
+        return f"{slots}: " + "; ".join(f"{ns}/{name} holds one and is held up ({why})" for (ns, name), why in stuck)
 
     def decide(self, key: Key, generation: int, live: dict[str, Any] | None, config_hash: str) -> Decision:
         """Synchronous, so that two passes cannot both take the last slot (no await between count and claim).

@@ -42,7 +42,7 @@ async def test_a_stalled_wave_names_the_model_that_holds_the_slot_on_every_waiti
         (holder,) = upgrading(cluster)
         await unschedulable(cluster, holder, since=0)  # within the scheduling deadline: a wait, the slot is held
         waiting = [n for n in MODELS if n != holder]
-        named = f"{NAMESPACE}/{holder} holds one and is stuck (PodsUnschedulable)"
+        named = f"{NAMESPACE}/{holder} holds one and is held up (PodsUnschedulable)"
         for name in waiting:  # the holder and its reason, not its whole Ready message
             await cluster.wait_for(lambda n=name: named in wave_condition(cluster, n).get(  # type: ignore[misc]
                 "message", ""), timeout=WAIT, what=f"{name} naming the stall")

@@ -116,7 +116,7 @@ def test_a_model_that_failed_for_want_of_room_frees_its_slot_and_the_wait_names_
     cache.put("deployments", holder)
     pacer = Pacer(1, cache)
     pacer.report((NAMESPACE, "alpha"), holder, "", "PodsUnschedulable")
-    assert "ml/alpha holds one and is stuck (PodsUnschedulable)" in pacer.wait_note() and pacer.next_up() == []
+    assert "ml/alpha holds one and is held up (PodsUnschedulable)" in pacer.wait_note() and pacer.next_up() == []
     assert pacer.news() is True
     pacer.report((NAMESPACE, "alpha"), holder, "", "PodsUnschedulable")
     assert pacer.news() is False  # nothing new

@@ -94,7 +94,7 @@ def test_waiting_models_hear_of_stuck_holders_and_of_nothing_else() -> None:
     assert pacer.news() is False  # moving: nothing to tell
     pacer.report(ALPHA, paced("alpha", ready=0), "", "PodsUnschedulable")
     assert pacer.news() is True and pacer.news() is False  # told once
-    assert pacer.wait_note().endswith(": ml/alpha holds one and is stuck (PodsUnschedulable)")
+    assert pacer.wait_note().endswith(": ml/alpha holds one and is held up (PodsUnschedulable)")
     pacer.report(ALPHA, paced("alpha", ready=0), "", "NodeProvisioning")
     assert pacer.news() is True  # another reason
     pacer.report(BRAVO, None, "", None)
