@@ -176,8 +176,8 @@ class Pacer:
     def decide(self, key: Key, generation: int, live: dict[str, Any] | None, config_hash: str) -> Decision:
         """Synchronous, so that two passes cannot both take the last slot (no await between count and claim).
 
-        A free slot goes to the longest-waiting model whichever pass reaches it first: the other waiting models get
-        passes at that moment too (the holder they name changed), and one of them must not take it."""
+        A free slot goes to the longest-waiting model whichever pass reaches it first: another waiting model's pass
+        may come first (its own pod's event, a held-up holder named), and it must not take it."""
         if not operator_caused(live, generation, config_hash):
             self.waiting.pop(key, None)
             return Decision()
