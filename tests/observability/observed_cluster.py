@@ -114,6 +114,8 @@ def _send_until_counted(prometheus: Prometheus, worker: WorkerThread, job: str, 
 def _operator_passes(prometheus: Prometheus, operator: OperatorInCluster) -> None:
     """A ScoringModel stuck at ConfigValid=False (a config error every pass), API errors and a bug, and models
     waiting for an upgrade slot; the first config error is scraped before the rest (its series is new)."""
+    wait_for("a first scrape of the operator", lambda: bool(prometheus.query(
+        'scorekeeper_operator_reconciles_total{result="config_error"}')), 30)  # its increases count from here
     operator.reconcile("ok", "ok", "config_error")
     wait_for("the operator's first config error to be scraped", lambda: bool(prometheus.query(
         "scorekeeper_operator_config_errors_total")), 10)
