@@ -89,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", type=Path, default=None,
                        help="YAML/JSON file whose keys are flag names (e.g. max_batch_tokens: 4096)")
     add("--model", "local Hugging Face model directory or .gguf file")
-    add("--served-name", "model name reported by /v1/models (clients may send any name)")
+    add("--served-name", "the model's name: listed by /v1/models, and in the response to a request that names no "
+        "model (a request may name any)")
     add("--dtype", "weights and activations dtype; auto: the checkpoint's dtype where the device runs it fast "
         "(float32 on CPUs without bfloat16 instructions, float16 on GPUs without bfloat16), and bfloat16 for a "
         "float32 checkpoint on CPUs with AMX")
