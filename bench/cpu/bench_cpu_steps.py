@@ -15,6 +15,12 @@ bench_cpu.py workloads (1 query × 200 documents, MiniLM cross-encoder for reran
   time is the executor's (inputs, forward, scoring of every batch), its faults are the whole request's.
 
     .venv/bin/python bench/cpu/bench_cpu_steps.py --task rerank --mix short
+    .venv/bin/python bench/cpu/bench_cpu_steps.py --packing   # packing one 8,192-token graph bucket, nothing else
+
+`--packing`: packing SGLang's scoring-benchmark batch (4 requests of a 120-token query and 10 items of 180 tokens,
+with delimiters: 7,724 tokens) into an 8,192-token graph bucket and its staging buffer, the vectorised packer
+(engine/runner/token_packing.py) against the per-token packer it replaced (kept as the tests' reference),
+interleaved.
 """
 
 from __future__ import annotations
@@ -148,6 +154,50 @@ def in_process(model: Path, workload: dict[str, Any], reps: int) -> list[list[st
     return rows
 
 
+def packing_rows(reps: int) -> list[list[str]]:
+    """Milliseconds to pack SGLang's scoring-benchmark batch into an 8,192-token bucket: vectorised and per token."""
+    import random
+    import time
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "worker" / "engine" / "runner" / "packing"))
+    import torch
+    from python_packer import build_token_inputs
+    from scorekeeper_worker.engine.runner import token_packing
+    from scorekeeper_worker.engine.runner.packing import GraphShape, PackUnit, Pool
+    from scorekeeper_worker.model.kernels.attention import LayoutKind
+
+    rng = random.Random(0)
+    units = []
+    for _ in range(4):
+        items = [[rng.randrange(100, 49000) for _ in range(180)] + [3] for _ in range(10)]
+        unit = PackUnit([rng.randrange(100, 49000) for _ in range(120)] + [3], items=items, visible_prefix=120)
+        end = 121
+        for i, item in enumerate(items):
+            end += len(item)
+            unit.pools.append(Pool(range(end - 2, end - 1), i))
+        units.append(unit)
+    shape = GraphShape(8192, 256, pooled_tokens=256)
+    staging = token_packing.Staging.for_shape(shape)
+    buffer = staging.buffer(torch.device("cpu"))
+
+    def vectorised() -> None:
+        staging.write(token_packing.pack(units, shape), buffer)
+
+    def per_token() -> None:
+        build_token_inputs(units, torch.device("cpu"), LayoutKind.FLEX, shape)
+
+    names = ("vectorised, into the staging buffer", "per token (the packer it replaced)")
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for rep in range(reps + 1):
+        for name, pack in zip(times, (vectorised, per_token), strict=True):
+            started = time.perf_counter()
+            pack()
+            if rep:  # the first round warms up
+                times[name].append(time.perf_counter() - started)
+    base = median(next(iter(times.values())))
+    return [[name, f"{1000 * median(t):.3f}", f"{median(t) / base:.1f}×"] for name, t in times.items()]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", choices=["rerank", "embed"], default="rerank")
@@ -156,7 +206,12 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=6)
     parser.add_argument("--threads", type=int, default=2, help="and CPUs 0..threads-1 for the servers")
     parser.add_argument("--no-http", action="store_true", help="the in-process arms only")
+    parser.add_argument("--packing", action="store_true", help="only: packing one 8,192-token graph bucket")
     args = parser.parse_args()
+    if args.packing:
+        print(markdown_table(["packing SGLang's benchmark batch (7,724 tokens) into an 8,192-token bucket",
+                              "ms (median)", "vs vectorised"], packing_rows(max(args.reps, 30))))
+        return
     runtime = intel_openmp_env()  # the worker's own OpenMP runtime and allocator, as it runs them
     if runtime and runtime["LD_PRELOAD"] not in os.environ.get("LD_PRELOAD", ""):
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **runtime})

@@ -10,7 +10,10 @@ regional compilation) it captures the bucket, times the replay (median), profile
 
 - GPU time per category: GEMM, attention, norms, rotary, activation/adds/copies (anything else); kernels per pass;
 - tiles of the flex block mask: visited (listed) tiles, full and partial ones, and the share of computed pairs
-  that the mask allows (`allowed pairs / (visited tiles × 128²)`).
+  that the mask allows (`allowed pairs / (visited tiles × 128²)`);
+- the attention work per pass of flex and of the Triton kernel (`--layout triton`, model/kernels/mis_attention.py):
+  query-key pairs computed per head and the FLOP of the two products (pairs × 4 × head dim × heads × layers), beside
+  the pairs the mask allows. `--cpu-dry-run` prints them for the real bucket's shape too (`--count-bucket`).
 
 Categories: an annotated eager pass of the same buffers (forward hooks: norm modules, linear layers; the model's
 `apply_rotary_pos_emb`; the attention function) labels each kernel by its innermost scope; when the replay runs the
@@ -36,6 +39,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "worker"), str(REPO / "tests" / "support")]
 
 import torch  # noqa: E402
+from scorekeeper_worker.engine.runner import token_packing  # noqa: E402
+from scorekeeper_worker.engine.runner.packing import GraphShape  # noqa: E402
 from scorekeeper_worker.library import (  # noqa: E402
     CompiledTrunk,
     DType,
@@ -48,6 +53,7 @@ from scorekeeper_worker.library import (  # noqa: E402
     pooled_rows,
     token_allowed,
 )
+from scorekeeper_worker.model.kernels import mis_attention  # noqa: E402
 
 from bench.gpu.gpu_check import median_ms, sync  # noqa: E402
 from bench.gpu.gpu_mis import mis_batch  # noqa: E402
@@ -205,6 +211,24 @@ def tile_statistics(model: ScoringModel, runner: GraphRunner) -> dict[str, Any]:
             "allowed_pairs": allowed, "allowed_share": round(allowed / max(1, visited * 128 * 128), 4)}
 
 
+def attention_work(units: list[Any], bucket: int, causal: bool, head_dim: int, heads: int, layers: int,
+                   tiles: dict[str, Any]) -> dict[str, Any]:
+    """Pairs computed per head and FLOP per pass: flex (visited 128×128 tiles) and the Triton kernel (its work list's
+    whole tiles), beside the pairs the mask allows."""
+    arrays = token_packing.pack(units, GraphShape(bucket, sum(len(u.pools) for u in units),
+                                                  work_block=mis_attention.BLOCK_M))
+    assert arrays.work is not None
+    kernel = mis_attention.computed_pairs(arrays.work[:arrays.work_live], causal)
+    flex = tiles["visited"] * 128 * 128
+
+    def tflop(pairs: int) -> float:
+        return round(pairs * 4 * head_dim * heads * layers / 1e12, 3)
+
+    return {"flex_pairs_per_head": flex, "kernel_pairs_per_head": kernel, "allowed_pairs_per_head":
+            tiles["allowed_pairs"], "flex_tflop": tflop(flex), "kernel_tflop": tflop(kernel),
+            "exact_tflop": tflop(tiles["allowed_pairs"]), "geometry": [head_dim, heads, layers]}
+
+
 def run_arm(model: ScoringModel, arm: str, kind: LayoutKind, bucket: int, shape: tuple[int, int, int],
             reps: int) -> dict[str, Any]:
     query, items, item_len = shape
@@ -234,6 +258,16 @@ def run_arm(model: ScoringModel, arm: str, kind: LayoutKind, bucket: int, shape:
     return result
 
 
+def work_lines(work: dict[str, Any], bucket: int) -> list[str]:
+    head_dim, heads, layers = work["geometry"]
+    return [f"\nattention work per pass, {bucket}-token bucket ({heads} heads of {head_dim}, {layers} layers):",
+            "| | pairs per head | TFLOP per pass |", "| --- | --- | --- |",
+            f"| flex, 128×128 tiles | {work['flex_pairs_per_head']:,} | {work['flex_tflop']} |",
+            f"| Triton kernel, {mis_attention.BLOCK_M}-query blocks, {mis_attention.BLOCK_N}-key tiles | "
+            f"{work['kernel_pairs_per_head']:,} | {work['kernel_tflop']} |",
+            f"| allowed by the mask | {work['allowed_pairs_per_head']:,} | {work['exact_tflop']} |"]
+
+
 def table(arms: list[dict[str, Any]], tiles: dict[str, Any]) -> str:
     ok = [a for a in arms if "error" not in a]
     lines = ["| | " + " | ".join(a["arm"] for a in ok) + " |", "| --- |" + " --- |" * len(ok),
@@ -253,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     parser.add_argument("--bucket", type=int, default=8192)
     parser.add_argument("--shape", default="120x10x180", help="query tokens x items x item tokens")
-    parser.add_argument("--layout", choices=["flex", "dense"], default="flex")
+    parser.add_argument("--layout", choices=["flex", "dense", "triton"], default="flex")
+    parser.add_argument("--count-bucket", type=int, default=8192, help="--cpu-dry-run: also count the attention work "
+                        "of this bucket with the real shape and the Qwen3-0.6B geometry (no forward)")
     parser.add_argument("--arms", default="plain,compiled", help="plain, compiled (comma-separated)")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--cpu-dry-run", action="store_true",
@@ -283,10 +319,22 @@ def main(argv: list[str] | None = None) -> int:
                  for _ in range(max(1, args.bucket // (query + 1 + items * (item_len + 1))))]
         runner.load(runner.buckets[0], units)
         tiles = tile_statistics(model, runner)
+        config = model.model.config
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        work = {str(args.bucket): attention_work(units, args.bucket, model.is_decoder, head_dim,
+                                                 config.num_attention_heads, config.num_hidden_layers, tiles)}
+        if args.cpu_dry_run and args.count_bucket:  # the real shape, Qwen3-0.6B's geometry: counts only
+            flex = GraphRunner(model, LayoutKind.FLEX, [args.count_bucket], args.count_bucket, args.count_bucket // 8)
+            real = [mis_batch(model, 120, 10, 180, DELIMITER)[0] for _ in range(4)]
+            flex.load(flex.buckets[0], real)
+            work[str(args.count_bucket)] = attention_work(real, args.count_bucket, True, 128, 16, 28,
+                                                          tile_statistics(model, flex))
     report = {"model": str(path), "dtype": args.dtype, "device": str(device), "layout": args.layout,
-              "shape": args.shape, "arms": arms, "tiles": tiles}
+              "shape": args.shape, "arms": arms, "tiles": tiles, "attention_work": work}
     args.out.write_text(json.dumps(report, indent=2))
     print(table(arms, tiles))
+    for bucket, counted in work.items():
+        print("\n".join(work_lines(counted, int(bucket))))
     return 1 if any("error" in a for a in arms) else 0
 
 

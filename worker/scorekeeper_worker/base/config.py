@@ -45,6 +45,7 @@ class AttentionBackendName(StrEnum):
     AUTO = "auto"
     SDPA = "sdpa"
     FLEX = "flex"
+    TRITON = "triton"
 
 
 class Quantization(StrEnum):

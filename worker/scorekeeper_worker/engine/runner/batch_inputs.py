@@ -10,6 +10,7 @@ import torch
 
 from scorekeeper_worker.engine.runner import row_blocks, token_packing
 from scorekeeper_worker.engine.runner.packing import ForwardInputs, GraphShape, PackUnit, fits, to_device
+from scorekeeper_worker.model.kernels import mis_attention
 from scorekeeper_worker.model.kernels.attention import LayoutKind
 
 
@@ -26,5 +27,6 @@ def build_inputs(units: list[PackUnit], device: torch.device, kind: LayoutKind =
     if kind == LayoutKind.BLOCKS:
         host = row_blocks.build(units)
     else:
-        host = token_packing.inputs(token_packing.pack(units, shape), kind, shape is not None)
+        block = mis_attention.BLOCK_M if kind == LayoutKind.TRITON else 0
+        host = token_packing.inputs(token_packing.pack(units, shape, block), kind, shape is not None)
     return to_device(host, device)

@@ -38,6 +38,7 @@ from scorekeeper_worker.engine.runner.compiled_trunk import CompiledTrunk, compi
 from scorekeeper_worker.engine.runner.forward import pooled_rows
 from scorekeeper_worker.engine.runner.packing import ForwardInputs, GraphShape, PackUnit, Pool, fits
 from scorekeeper_worker.engine.runner.token_packing import Staging, TokenArrays
+from scorekeeper_worker.model.kernels import mis_attention
 from scorekeeper_worker.model.kernels.attention import LayoutKind
 from scorekeeper_worker.model.loader import Pooling, ScoringModel
 
@@ -142,7 +143,8 @@ class GraphRunner:
         self.compiler = compiler
         # Last-token and first-token pooling read one row per slot: the pool gathers only those.
         pooled_tokens = None if model.pooling == Pooling.MEAN else max_seqs
-        shapes = [GraphShape(tokens, max_seqs, model.uses_token_types, pad_token, pooled_tokens)
+        work_block = mis_attention.BLOCK_M if kind == LayoutKind.TRITON else 0
+        shapes = [GraphShape(tokens, max_seqs, model.uses_token_types, pad_token, pooled_tokens, work_block)
                   for tokens in sorted(set(buckets)) if tokens <= max_tokens]
         on_cuda = model.device.type == "cuda" and torch.cuda.is_available()
         # With CUDA: host batches are staged in pinned memory and copied on their own stream, so the copy of batch
@@ -153,7 +155,7 @@ class GraphRunner:
 
     def _bucket(self, shape: GraphShape, slots: int) -> Bucket:
         """A bucket's slots, each holding an empty batch (all padding) until the first load."""
-        staging = Staging(shape.tokens, shape.contributions, shape.token_types)
+        staging = Staging.for_shape(shape)
         empty = token_packing.pack([], shape)
         bucket = Bucket(shape, staging, [])
         # Inference tensors, like every eager batch: compiled kernels (flex) guard on the tensors' dispatch keys, so

@@ -23,6 +23,7 @@ from scorekeeper_worker.engine.runner.device_stream import Completion, DeviceStr
 from scorekeeper_worker.engine.runner.forward import PaddedTrunk, pooled_rows
 from scorekeeper_worker.engine.runner.heads import CopyStats, RowHead, RowResult
 from scorekeeper_worker.engine.runner.packing import ForwardInputs, PackUnit, Readout, to_device
+from scorekeeper_worker.model.kernels import mis_attention
 from scorekeeper_worker.model.kernels.attention import LayoutKind
 from scorekeeper_worker.model.loader import ScoringModel
 
@@ -98,7 +99,9 @@ class Executor:
                  stream: DeviceStream | None = None) -> None:
         self.model = model
         # Padded models and other trunk backends run on the row blocks of the BLOCKS layout (forward.padded_hidden).
-        self.eager_kind = LayoutKind.FLEX if backend == "flex" and model.packed and trunk is None else LayoutKind.BLOCKS
+        token_kinds = {"flex": LayoutKind.FLEX, "triton": LayoutKind.TRITON}
+        self.eager_kind = token_kinds.get(backend, LayoutKind.BLOCKS) if model.packed and trunk is None \
+            else LayoutKind.BLOCKS
         self.graphs = graphs
         self.trunk = trunk
         self.compiler = compiler if trunk is None else None  # another trunk backend has no layers of ours
@@ -137,7 +140,8 @@ class Executor:
             packed = time.perf_counter()
             inputs = to_device(host, self.model.device)
         else:
-            arrays = token_packing.pack(units)
+            block = mis_attention.BLOCK_M if self.eager_kind == LayoutKind.TRITON else 0
+            arrays = token_packing.pack(units, work_block=block)
             packed = time.perf_counter()
             inputs = token_packing.inputs(arrays, self.eager_kind, False, self.model.device)
         compiler = self.compiler

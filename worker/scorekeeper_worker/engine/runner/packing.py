@@ -80,17 +80,29 @@ class GraphShape:
     token_types: bool = False  # whether the model takes token_type_ids (the buffer exists for every batch then)
     pad_token: int = 0  # id of padding tokens: any id works, nothing attends to padding
     pooled_tokens: int | None = None
+    work_block: int = 0  # LayoutKind.TRITON: queries per item of the kernel's work list (0: no work list)
 
     @property
     def contributions(self) -> int:
         return self.tokens + self.sequences if self.pooled_tokens is None else self.pooled_tokens
 
+    @property
+    def segments(self) -> int:
+        """With a work list: the most segments (context rows and items) a batch may have."""
+        return 2 * self.sequences
+
+    @property
+    def work_items(self) -> int:
+        """Rows of the work list (0: none): a work item per block of a segment's queries, at most this many."""
+        return -(-self.tokens // self.work_block) + self.segments if self.work_block else 0
+
 
 def fits(units: list[PackUnit], shape: GraphShape) -> bool:
     """Whether a batch fits a bucket's buffers."""
     pools = [pool for unit in units for pool in unit.pools]
+    segments = sum(1 + len(u.items) for u in units) if shape.work_block else 0
     return (sum(u.num_tokens for u in units) <= shape.tokens and len(pools) <= shape.sequences
-            and sum(len(p.offsets) for p in pools) <= shape.contributions)
+            and sum(len(p.offsets) for p in pools) <= shape.contributions and segments <= shape.segments)
 
 
 @dataclass

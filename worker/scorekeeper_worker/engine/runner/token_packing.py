@@ -17,6 +17,7 @@ import torch
 
 from scorekeeper_worker.engine.runner.packing import ForwardInputs, GraphShape, PackUnit, Pools, pools
 from scorekeeper_worker.model.kernels.attention import AttentionLayout, LayoutKind, TokenLayout
+from scorekeeper_worker.model.kernels.mis_attention import WORK_FIELDS, work_list
 
 # Rows of the int64 block, in order; `types` is there only when the bucket (or batch) has token types.
 INT_ROWS = ("ids", "positions", "segment", "context", "offset", "prefix", "parent", "rope")
@@ -32,13 +33,17 @@ class TokenArrays:
     pools: Pools
     live: int
     pool_rows: int  # rows of the pooled output: the readouts, or a bucket's slots + 1
+    work: np.ndarray | None = None  # the Triton kernel's work list [W, WORK_FIELDS] (a bucket's: padded with zeros)
+    work_live: int = 0  # its live rows
+    work_block: int = 0
 
     def row(self, name: str) -> np.ndarray:
         return self.ints[INT_ROWS.index(name) if name != "types" else len(INT_ROWS)]
 
 
-def pack(units: list[PackUnit], shape: GraphShape | None = None) -> TokenArrays:
-    """The token layout of `units`, padded to `shape` when given (the caller checked that they fit)."""
+def pack(units: list[PackUnit], shape: GraphShape | None = None, work_block: int = 0) -> TokenArrays:
+    """The token layout of `units`, padded to `shape` when given (the caller checked that they fit); with a
+    `work_block` (a shape's own, if it has one), the Triton kernel's work list too."""
     length, pos, ctx, prefix, parent, table, unit_starts = [], [], [], [], [], [], []
     start = 0
     for unit in units:
@@ -82,6 +87,11 @@ def pack(units: list[PackUnit], shape: GraphShape | None = None) -> TokenArrays:
             arrays.row("types")[start:start + len(unit.context)] = unit.token_types
     arrays.pools = pools(units, unit_starts)
     arrays.pool_rows = len(arrays.pools.readouts)
+    block = shape.work_block if shape is not None and shape.work_block else work_block
+    if block:
+        work = work_list(starts, lengths, np.array(ctx, np.int64), np.array(prefix, np.int64),
+                         np.array(parent, np.int64), block)
+        arrays.work, arrays.work_live, arrays.work_block = work, len(work), block
     if shape is not None:
         _pad(arrays, shape, len(length))
     return arrays
@@ -101,21 +111,32 @@ def _pad(arrays: TokenArrays, shape: GraphShape, segments: int) -> None:
     p.slot = np.concatenate([p.slot, np.full(spare, shape.sequences, dtype=np.int64)])
     p.weight = np.concatenate([p.weight, np.zeros(spare, dtype=np.float32)])
     arrays.pool_rows = shape.sequences + 1
+    if arrays.work is not None:  # rows past the live ones are never read: the kernel stops at the live count
+        arrays.work = np.concatenate([arrays.work, np.zeros((shape.work_items - arrays.work_live, WORK_FIELDS),
+                                                            dtype=np.int64)])
 
 
 class Staging:
-    """The byte layout of a token-layout batch: the int64 block [rows, T], then pool tokens and slots [2, M] (int64),
-    then pool weights [M] (float32). One buffer of it holds a whole batch, so one copy moves it."""
+    """The byte layout of a token-layout batch: the int64 block [rows, T], pool tokens and slots [2, M] (int64),
+    with a work list its rows [W, WORK_FIELDS] and live count [1] (int64), then pool weights [M] (float32). One
+    buffer of it holds a whole batch, so one copy moves it."""
 
-    def __init__(self, tokens: int, contributions: int, types: bool) -> None:
+    def __init__(self, tokens: int, contributions: int, types: bool, work_items: int = 0, work_block: int = 0) -> None:
         self.tokens, self.contributions, self.types = tokens, contributions, types
+        self.work_items, self.work_block = work_items, work_block
         self.rows = len(INT_ROWS) + types
-        self.int_bytes = 8 * (self.rows * tokens + 2 * contributions)
+        self.work_at = self.rows * tokens + 2 * contributions  # in int64s
+        self.int_bytes = 8 * (self.work_at + (work_items * WORK_FIELDS + 1 if work_block else 0))
         self.nbytes = self.int_bytes + 4 * contributions
 
     @staticmethod
     def of(arrays: TokenArrays) -> Staging:
-        return Staging(arrays.ints.shape[1], len(arrays.pools.token), arrays.types)
+        work_items = 0 if arrays.work is None else len(arrays.work)
+        return Staging(arrays.ints.shape[1], len(arrays.pools.token), arrays.types, work_items, arrays.work_block)
+
+    @staticmethod
+    def for_shape(shape: GraphShape) -> Staging:
+        return Staging(shape.tokens, shape.contributions, shape.token_types, shape.work_items, shape.work_block)
 
     def buffer(self, device: torch.device, pinned: bool = False) -> torch.Tensor:
         return torch.empty(self.nbytes, dtype=torch.uint8, device=device, pin_memory=pinned)
@@ -126,14 +147,18 @@ class Staging:
         ints = raw[:self.int_bytes].view(np.int64)
         ints[:self.rows * self.tokens] = arrays.ints.reshape(-1)
         ints[self.rows * self.tokens:self.rows * self.tokens + self.contributions] = arrays.pools.token
-        ints[self.rows * self.tokens + self.contributions:] = arrays.pools.slot
+        ints[self.rows * self.tokens + self.contributions:self.work_at] = arrays.pools.slot
+        if self.work_block:
+            assert arrays.work is not None
+            ints[self.work_at:-1] = arrays.work.reshape(-1)
+            ints[-1] = arrays.work_live
         raw[self.int_bytes:].view(np.float32)[:] = arrays.pools.weight
 
     def views(self, buffer: torch.Tensor, kind: LayoutKind, static: bool) -> ForwardInputs:
         """The batch's tensors as views of `buffer` (readouts and counts are filled in by `inputs`)."""
         ints = buffer[:self.int_bytes].view(torch.int64)
         block = ints[:self.rows * self.tokens].view(self.rows, self.tokens)
-        pool = ints[self.rows * self.tokens:].view(2, self.contributions)
+        pool = ints[self.rows * self.tokens:self.work_at].view(2, self.contributions)
 
         def row(name: str) -> torch.Tensor:
             return block[INT_ROWS.index(name) if name != "types" else len(INT_ROWS)]
@@ -141,6 +166,9 @@ class Staging:
         position_ids = row("positions")[None]
         tokens = TokenLayout(segment=row("segment"), context=row("context"), offset=row("offset"),
                              prefix=row("prefix"), positions=position_ids[0], parent=row("parent"))
+        if self.work_block:
+            tokens.work = ints[self.work_at:-1].view(self.work_items, WORK_FIELDS)
+            tokens.work_count, tokens.work_block = ints[-1:], self.work_block
         return ForwardInputs(
             input_ids=row("ids")[None], position_ids=position_ids,
             token_type_ids=row("types")[None] if self.types else None,

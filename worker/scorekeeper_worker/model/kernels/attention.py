@@ -14,8 +14,9 @@ is built one tile of queries at a time, so memory is bounded by the tile, not by
 Nothing here reads a device value back to the host.
 
 CUDA-graph buckets use the per-token rules instead (`LayoutKind.DENSE`: explicit tiles of a fixed number of
-queries against the whole bucket, so the result does not depend on how far a bucket is padded; or
-`LayoutKind.FLEX`, FlexAttention with a block-sparse mask: `model/kernels/flex.py`, docs/gpu.md).
+queries against the whole bucket, so the result does not depend on how far a bucket is padded; `LayoutKind.FLEX`,
+FlexAttention with a block-sparse mask: `model/kernels/flex.py`; or `LayoutKind.TRITON`, ranges of keys per block of
+queries: `model/kernels/mis_attention.py`, with flex for layers it does not cover; docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import torch
 from transformers import AttentionInterface
 
+from scorekeeper_worker.model.kernels import mis_attention
 from scorekeeper_worker.model.kernels.flex import flex_packed_attention
 from scorekeeper_worker.model.kernels.layout import (
     AttentionLayout,
@@ -121,7 +123,12 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     causal = bool(getattr(module, "is_causal", True))
     window = sliding_window
 
-    if layout.kind == LayoutKind.FLEX:
+    if layout.kind == LayoutKind.TRITON and window is None and softcap is None:
+        rules = layout.tokens
+        assert rules is not None and rules.work is not None and rules.work_count is not None
+        return mis_attention.mis_attention(query, key, value, rules.work, rules.work_count, causal, scale,
+                                           rules.work_block), None
+    if layout.kind in (LayoutKind.FLEX, LayoutKind.TRITON):  # flex keeps windows and softcapping
         return flex_packed_attention(query, key, value, layout, causal, window, softcap, scale), None
     if layout.kind == LayoutKind.DENSE:
         assert layout.tokens is not None

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
+import os
 from typing import Any
 
 import torch
@@ -73,16 +74,20 @@ def flex_available(device: torch.device) -> tuple[bool, str]:
 
 
 def resolve_backend(name: str, device: torch.device) -> str:
-    """`--attention-backend` → "sdpa" or "flex". auto: flex on CUDA when Triton is there, else the row-block
-    (SDPA-style) reference path. An explicit flex on CPU runs eagerly (tests); on CUDA without Triton it is an
-    error, named at start-up."""
+    """`--attention-backend` → "sdpa", "flex" or "triton". auto: the Triton kernel (model/kernels/mis_attention.py,
+    flex for the layers it does not cover) on CUDA when Triton is there, else the row-block (SDPA-style) reference
+    path. An explicit flex on CPU runs eagerly (tests); on CUDA without Triton it is an error, named at start-up, and
+    so is the Triton kernel on CPU outside Triton's interpreter (TRITON_INTERPRET=1: tests)."""
     available, why = flex_available(device)
     if name == "auto":
-        chosen = "flex" if available else "sdpa"
-        log.info("attention backend: %s (auto on %s%s)", chosen, device.type, f"; flex: {why}" if why else "")
+        chosen = "triton" if available else "sdpa"
+        log.info("attention backend: %s (auto on %s%s)", chosen, device.type, f"; {why}" if why else "")
         return chosen
-    if name == "flex" and device.type == "cuda" and not available:
-        raise ValueError(f"--attention-backend flex: {why}")
+    if name in ("flex", "triton") and device.type == "cuda" and not available:
+        raise ValueError(f"--attention-backend {name}: {why}")
+    if name == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("--attention-backend triton: the Triton kernel runs on CUDA (on a CPU only under Triton's "
+                         "interpreter, TRITON_INTERPRET=1, for tests)")
     log.info("attention backend: %s", name)
     return name
 

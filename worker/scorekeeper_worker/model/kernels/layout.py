@@ -57,6 +57,7 @@ class LayoutKind(StrEnum):
     BLOCKS = "blocks"  # row blocks (eager): cost N·I·(Q+I)
     DENSE = "dense"  # per-token metadata, masked tiles of queries × T per head (graph buckets, sdpa backend)
     FLEX = "flex"  # per-token metadata, FlexAttention with a block-sparse mask (model/kernels/flex.py)
+    TRITON = "triton"  # per-token metadata and a work list: ranges of keys per block of queries (mis_attention.py)
 
 
 @dataclass
@@ -73,10 +74,16 @@ class TokenLayout:
     prefix: torch.Tensor  # item tokens: how many leading tokens of `context` they see; else 0
     positions: torch.Tensor  # position ids (windows are distances in positions): a view of the batch's ids
     parent: torch.Tensor  # child item tokens: their parent item's segment (seen whole); everything else -1
+    # The Triton kernel's work list (LayoutKind.TRITON): [W, 8] int64 rows of `work_block` queries each
+    # (model/kernels/mis_attention.work_list), and how many of its rows are live ([1] int64).
+    work: torch.Tensor | None = None
+    work_count: torch.Tensor | None = None
+    work_block: int = 0
 
     def tensors(self) -> list[torch.Tensor]:
         """The tensors this layout owns (`positions` belongs to the batch's position ids)."""
-        return [self.segment, self.context, self.offset, self.prefix, self.parent]
+        work = [] if self.work is None or self.work_count is None else [self.work, self.work_count]
+        return [self.segment, self.context, self.offset, self.prefix, self.parent, *work]
 
 
 @dataclass

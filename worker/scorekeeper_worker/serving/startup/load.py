@@ -149,7 +149,8 @@ def _executor(config: WorkerConfig, metrics: WorkerMetrics, model: ScoringModel)
                                  on_compiled=lambda key, seconds: metrics.compile_seconds.labels(key).set(seconds))
     graphs = None
     if config.cuda_graph:
-        graphs = GraphRunner(model, LayoutKind.FLEX if backend == "flex" else LayoutKind.DENSE,
+        kinds = {"flex": LayoutKind.FLEX, "triton": LayoutKind.TRITON}
+        graphs = GraphRunner(model, kinds.get(backend, LayoutKind.DENSE),
                              config.cuda_graph_token_buckets, config.cuda_graph_max_tokens,
                              config.cuda_graph_max_seqs, on_capture_failure=metrics.graph_capture_failures.inc,
                              compiler=compiler)
