@@ -7,12 +7,13 @@
     .venv/bin/python bench/gpu/gpu_check.py --cpu-dry-run --quick             # the script itself, on CPU, capture off
     .venv/bin/python -m pytest -m cuda tests/worker/engine/runner/test_cuda.py   # the same checks as tests
 
-For each model, dtype and graph layout (dense: `--attention-backend sdpa`; flex: FlexAttention through Triton):
+For each model, dtype and graph layout (dense: `--attention-backend sdpa`; flex: FlexAttention through Triton;
+triton: the multi-item kernel of model/kernels/mis_attention.py, where Triton is installed):
 1. capture: every bucket, largest first, one memory pool; seconds and memory per bucket, failures;
 2. replay equals eager for every bucket and batch kind (single-item, multi-item with delimiters, mixed; pooled
    hidden states = the rows compared), both against eager on the same static buffers and the unpadded row-block
    reference;
-3. compiled FlexAttention equals the row-block reference (eager);
+3. compiled FlexAttention and the Triton kernel equal the row-block reference (eager);
 4. latency at small batches: graph (pack, copy into buffers, replay) against eager (pack, forward), medians;
 5. copy overhead of pooled hidden states: pinned + non-blocking + CUDA events (`heads.copy_vectors`) against
    a plain `.cpu().tolist()`;
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -53,6 +55,7 @@ from scorekeeper_worker.library import (  # noqa: E402
     load_model,
     pooled_rows,
 )
+from scorekeeper_worker.model.kernels import mis_attention  # noqa: E402
 
 from bench.gpu.gpu_mis import mis_batch, mis_throughput, parse_shapes  # noqa: E402
 
@@ -169,13 +172,14 @@ def check_layout(model: ScoringModel, kind: LayoutKind, buckets: tuple[int, ...]
     return out, runner
 
 
-def check_flex(model: ScoringModel) -> dict[str, Any]:
+def check_kernel(model: ScoringModel, kind: LayoutKind) -> dict[str, Any]:
+    """An eager batch through a token layout's kernel (flex, or the Triton kernel) against the row blocks."""
     from test_graph_shaped import batches_for
 
     units = batches_for(model, 512, DELIMITER if model.is_decoder else None, (256, 512))
     units = units["mixed" if model.is_decoder else "single"]
     with torch.inference_mode():
-        flex = pooled_rows(model, build_inputs(units, model.device, LayoutKind.FLEX))
+        flex = pooled_rows(model, build_inputs(units, model.device, kind))
         reference = pooled_rows(model, build_inputs(units, model.device))
     rtol, atol = TOLERANCE.get(model.dtype, (3e-2, 3e-2))
     error = (flex - reference).abs().max().item()
@@ -241,6 +245,9 @@ def main() -> int:
         models = [(name, tiny_models.build(name, tiny_dir)) for name in names]
 
     report: dict[str, Any] = {"environment": environment(device), "buckets": buckets, "runs": []}
+    kinds = [LayoutKind.DENSE, LayoutKind.FLEX]
+    if mis_attention.available() and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"):
+        kinds.append(LayoutKind.TRITON)
     failures: list[str] = []
     for name, path in models:
         for dtype in dtypes:
@@ -252,10 +259,11 @@ def main() -> int:
             runners: dict[str, GraphRunner] = {}
             try:
                 model = load_model(path, DType(dtype), device.type, name)
-                run["flex_vs_sdpa"] = check_flex(model)
-                if not run["flex_vs_sdpa"]["ok"]:
-                    failures.append(f"{label}: flex differs from sdpa ({run['flex_vs_sdpa']['max_abs_diff']:.3g})")
-                for kind in (LayoutKind.DENSE, LayoutKind.FLEX):
+                for kind in kinds[1:]:
+                    checked = run[f"{kind.value}_vs_sdpa"] = check_kernel(model, kind)
+                    if not checked["ok"]:
+                        failures.append(f"{label}: {kind.value} differs from sdpa ({checked['max_abs_diff']:.3g})")
+                for kind in kinds:
                     log(f"{label}: {kind.value} graphs")
                     result, runners[kind.value] = check_layout(model, kind, buckets, args.max_seqs, reps,
                                                                capture=device.type == "cuda")
@@ -282,7 +290,7 @@ def main() -> int:
 
     print(f"\n{json.dumps(report['environment'])}")
     for run in report["runs"]:
-        for kind in ("dense", "flex"):
+        for kind in ("dense", "flex", "triton"):
             result = run.get(kind)
             if not result:
                 continue

@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 BUCKETS = (64, 128, 256, 512)
 
 
-@pytest.mark.parametrize("kind", [LayoutKind.DENSE, LayoutKind.FLEX])
+@pytest.mark.parametrize("kind", [LayoutKind.DENSE, LayoutKind.FLEX, LayoutKind.TRITON])
 @pytest.mark.parametrize("name", ["qwen3-cls3", "gemma2-reward", "bert-embed"])
 def test_replay_equals_eager_for_every_bucket(name: str, kind: LayoutKind, tiny_model: Callable[[str], Path]) -> None:
     model = load_model(tiny_model(name), DType.FLOAT32, "cuda", name)
@@ -49,15 +49,46 @@ def test_replay_equals_eager_for_every_bucket(name: str, kind: LayoutKind, tiny_
                 torch.testing.assert_close(replayed, reference, rtol=1e-4, atol=1e-4, msg=batch_kind)
 
 
+@pytest.mark.parametrize("kind", [LayoutKind.FLEX, LayoutKind.TRITON])
 @pytest.mark.parametrize("name", ["qwen3-causal", "gemma2-cls3", "bert-cross"])
-def test_compiled_flex_equals_sdpa(name: str, tiny_model: Callable[[str], Path]) -> None:
+def test_compiled_kernels_equal_sdpa(name: str, kind: LayoutKind, tiny_model: Callable[[str], Path]) -> None:
+    """Compiled flex and the Triton kernel (which gives Gemma2's windowed and softcapped layers to flex)."""
     model = load_model(tiny_model(name), DType.FLOAT32, "cuda", name)
     units = batches_for(model, 512, DELIMITER if model.is_decoder else None, BUCKETS)["mixed" if model.is_decoder
                                                                                       else "single"]
     with torch.inference_mode():
-        flex = pooled_rows(model, build_inputs(units, model.device, LayoutKind.FLEX))
+        kernel = pooled_rows(model, build_inputs(units, model.device, kind))
         reference = pooled_rows(model, build_inputs(units, model.device))
-    torch.testing.assert_close(flex, reference, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(kernel, reference, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_triton_kernel_equals_sdpa_with_the_dense_mask_on_the_gpu(dtype: torch.dtype) -> None:
+    """The kernel's own tensor-core products (under the interpreter bfloat16 tiles are multiplied in float32)."""
+    import random
+
+    from scorekeeper_worker.engine.runner import token_packing
+    from scorekeeper_worker.engine.runner.packing import PackUnit
+    from scorekeeper_worker.model.kernels import mis_attention
+    from scorekeeper_worker.model.kernels.layout import token_allowed
+
+    rng = random.Random(0)
+    units = [PackUnit([1] * 120, items=[[2] * rng.randint(1, 180) for _ in range(10)], visible_prefix=120,
+                      parents=[-1] * 5 + [0, 1, 2, 3, 4]) for _ in range(3)] + [PackUnit([3] * 300)]
+    arrays = token_packing.pack(units, work_block=mis_attention.BLOCK_M)
+    inputs = token_packing.inputs(arrays, LayoutKind.TRITON, False, torch.device("cuda"))
+    tokens = inputs.layout.tokens
+    assert tokens is not None and tokens.work is not None and tokens.work_count is not None
+    total = tokens.segment.shape[0]
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(1, h, total, 128, device="cuda", generator=generator, dtype=dtype) for h in (16, 8, 8))
+    out = mis_attention.mis_attention(q, k, v, tokens.work, tokens.work_count, True, 128**-0.5)
+    index = torch.arange(total, device="cuda")
+    allowed = token_allowed(tokens, index[:, None], index[None, :], True, None)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float().repeat_interleave(2, 1), v.float().repeat_interleave(2, 1), attn_mask=allowed[None, None],
+        scale=128**-0.5)[0].transpose(0, 1)
+    torch.testing.assert_close(out[0].float(), expected, rtol=0, atol=1e-5 if dtype == torch.float32 else 2e-2)
 
 
 @pytest.mark.parametrize("dtype", [DType.FLOAT32, DType.BFLOAT16])

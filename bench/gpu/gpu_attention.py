@@ -1,20 +1,22 @@
-"""Multi-item attention alone: FlashInfer's multi-item batch prefill against the worker's compiled flex, one bucket.
+"""Multi-item attention alone, one bucket: the worker's Triton kernel (model/kernels/mis_attention.py) against its
+compiled flex and FlashInfer's multi-item batch prefill.
 
-    python bench/gpu/gpu_flashinfer.py --out flashinfer.json      # on a GPU with flashinfer-python (JIT needs nvcc)
-    python bench/gpu/gpu_flashinfer.py --cpu-dry-run              # CPU: layout, plan, flex and the reference only
+    python bench/gpu/gpu_attention.py --out attention.json       # on a GPU (FlashInfer: flashinfer-python and nvcc)
+    python bench/gpu/gpu_attention.py --cpu-dry-run              # CPU: layout, plan, the kernels and the reference
 
 The batch is the sglang-mis shape packed into the 8,192-token bucket (4 × (120-token query, 10 items of 180
-tokens, delimiters)), Qwen3-0.6B's heads (16 query, 8 K/V, dim 128), bfloat16. Both kernels get the same q/k/v and
-are compared with SDPA under the worker's dense mask (`token_allowed`); times are per forward (28 layers: one call
+tokens, delimiters)), Qwen3-0.6B's heads (16 query, 8 K/V, dim 128), bfloat16. Every kernel gets the same q/k/v and
+is compared with SDPA under the worker's dense mask (`token_allowed`); times are per forward (28 layers: one call
 × 28, median of CUDA-event timings). FlashInfer runs the paged wrapper with page size 1 and the plan arguments of
-`model/kernels/flashinfer_plan.py`; a missing flashinfer is reported, not fatal. Decides issue 33's step 3: keep
-whichever is faster and exact (docs/gpu.md).
+`model/kernels/flashinfer_plan.py`; a missing flashinfer is reported, not fatal. On CPU the Triton kernel runs under
+Triton's interpreter (TRITON_INTERPRET=1), or is reported missing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -27,6 +29,7 @@ sys.path[:0] = [str(REPO / "worker")]
 import torch  # noqa: E402
 from scorekeeper_worker.engine.runner.batch_inputs import build_inputs  # noqa: E402
 from scorekeeper_worker.engine.runner.packing import GraphShape, PackUnit, Pool  # noqa: E402
+from scorekeeper_worker.model.kernels import mis_attention  # noqa: E402
 from scorekeeper_worker.model.kernels.attention import LayoutKind, token_allowed  # noqa: E402
 from scorekeeper_worker.model.kernels.flashinfer_plan import flashinfer_plan  # noqa: E402
 from scorekeeper_worker.model.kernels.flex import flex_block_mask  # noqa: E402
@@ -55,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", default="120x10x180", help="query tokens x items x item tokens")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--cpu-dry-run", action="store_true", help="CPU, a 512-token bucket of 24x3x30, float32")
-    parser.add_argument("--out", type=Path, default=Path("gpu_flashinfer.json"))
+    parser.add_argument("--out", type=Path, default=Path("gpu_attention.json"))
     args = parser.parse_args(argv)
     if args.cpu_dry_run:
         args.bucket, args.shape = 512, "24x3x30"
@@ -94,6 +97,22 @@ def main(argv: list[str] | None = None) -> int:
     out = run_flex()[:live].float()
     report["flex"] = {"ms_per_forward": ms_per_forward(run_flex, device, args.reps),
                       "max_abs_diff": (out - reference).abs().max().item()}
+    if mis_attention.available() and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"):
+        work_tokens = build_inputs(units, device, LayoutKind.TRITON, GraphShape(args.bucket, 8 * len(units),
+                                                                                 work_block=mis_attention.BLOCK_M))
+        rules = work_tokens.layout.tokens
+        assert rules is not None and rules.work is not None and rules.work_count is not None
+        work, count = rules.work, rules.work_count
+
+        def run_kernel() -> torch.Tensor:
+            return mis_attention.mis_attention(heads_first(q), heads_first(k), heads_first(v), work, count, True,
+                                               scale)[0]
+
+        out = run_kernel()[:live].float()
+        report["triton"] = {"ms_per_forward": ms_per_forward(run_kernel, device, args.reps),
+                            "max_abs_diff": (out - reference).abs().max().item()}
+    else:
+        report["triton"] = {"error": "Triton is not installed, or no GPU (and not TRITON_INTERPRET=1)"}
     plan = flashinfer_plan(tokens, live)
     report["plan"] = {"requests": plan.prefix_len_ptr.shape[0], "token_pos_in_items_len": plan.token_pos_in_items_len}
     try:
