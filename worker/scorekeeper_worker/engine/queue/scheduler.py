@@ -37,6 +37,9 @@ from scorekeeper_worker.engine.runner.executor import BatchStats, Executor, Laun
 from scorekeeper_worker.engine.runner.packing import PackUnit
 
 log = logging.getLogger(__name__)
+# While the next batch waits to be formed, how often to look whether the batch on the device is done already (the
+# device's expected time is an estimate; a device that finished early should not wait for it).
+POLL_SECONDS = 0.001
 
 # Sees every batch (job and unit per entry) on the model thread just before it runs. A test hook: observing batch
 # composition, or holding the model thread so that a test sets up the queue deterministically, never by timing.
@@ -146,18 +149,18 @@ class Scheduler:
         self.metrics.queue_tokens.set(self._queued_tokens)
         self.metrics.queue_depth.set(self._open)
 
-    def _next_batch(self, in_flight: bool) -> Batch:
-        """The next batch; empty once stopping and drained. With batches in flight: formed just in time
-        (engine/queue/batching.py), and empty when nothing is queued by then."""
+    def _next_batch(self, oldest: Flight | None) -> Batch:
+        """The next batch; empty once stopping and drained. With batches in flight (`oldest` the first): formed just
+        in time (engine/queue/batching.py), or once `oldest` is done, and empty when nothing is queued by then."""
         with self._cond:
-            while not in_flight and not self._waiting and not self._stopping:
+            while oldest is None and not self._waiting and not self._stopping:
                 self._cond.wait()
             form_at = self.timing.form_at()
-            while in_flight and not self._stopping and self._queued_tokens < self.max_batch_tokens:
+            while oldest is not None and not self._stopping and self._queued_tokens < self.max_batch_tokens:
                 left = form_at - time.perf_counter()
-                if left <= 0:
+                if left <= 0 or oldest.launched.done():
                     break
-                self._cond.wait(left)
+                self._cond.wait(min(left, POLL_SECONDS))
             if not self._waiting:
                 return []
             batch, self._waiting = take_batch(self._waiting, self.max_batch_tokens, self._formed)
@@ -169,7 +172,7 @@ class Scheduler:
     def _loop(self) -> None:
         flights: deque[Flight] = deque()
         while self.lost is None:
-            batch = self._next_batch(in_flight=bool(flights))
+            batch = self._next_batch(flights[0] if flights else None)
             if not batch and not flights:
                 return  # stopping, and drained
             if batch:
