@@ -72,5 +72,5 @@ def test_a_score_request_crosses_few_files_and_never_returns_to_the_service(
     back = [name for where, name in recorder.calls[planned:] if where == "serving/service.py"]
     # Only the request's own await chain resumes there (a coroutine's resumption is a call), then the finite check
     # (run_job's generator over the job's values).
-    allowed = {"run", "bounded", "_run", "run_job", "<lambda>", "_values", "<listcomp>", "<genexpr>"}
+    allowed = {"run", "bounded", "_run", "run_job", "<lambda>", "_values", "_all_finite", "<listcomp>", "<genexpr>"}
     assert set(back) <= allowed, back

@@ -65,7 +65,7 @@ async def _decide(service: ScoringService, served: Served, template: DecisionTem
     started = time.perf_counter()
     job, plan = await asyncio.to_thread(_prepare, service.config, served.model, template, ask, loop)
     service.metrics.stage_seconds.labels("tokenize").observe(time.perf_counter() - started)
-    result = await run_job(served, job, plan, lambda r: [p for row in r.probabilities for p in row], "answers")
+    result = await run_job(served, job, plan, lambda r: r.probabilities, "answers")
     for question in ask.questions:
         service.metrics.decision_questions.labels(question.kind.value).inc()
     service.metrics.prompt_tokens.inc(result.prompt_tokens)

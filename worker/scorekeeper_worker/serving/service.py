@@ -9,7 +9,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -38,17 +38,29 @@ class Served:
     decision_template: DecisionTemplate | None = None
 
 
-async def run_job(served: Served, job: Pending[R], plan: Plan, values: Callable[[R], Iterable[float]],
+# Numbers a result may hold for its finite check to run on the event loop (well under a millisecond); larger ones
+# (pooled vectors, embeddings) are checked in a worker thread, so the loop's work per request stays bounded.
+FINITE_CHECK_ON_LOOP = 4096
+
+
+def _all_finite(rows: Sequence[Sequence[float]]) -> bool:
+    return all(math.isfinite(value) for row in rows for value in row)
+
+
+async def run_job(served: Served, job: Pending[R], plan: Plan, values: Callable[[R], Sequence[Sequence[float]]],
                   what: str) -> R:
     """Queue the job's plan and await its result; a request cancelled, timed out or failed leaves nothing queued.
-    Never a NaN or inf in a 200: the heads keep finite logits finite, this catches a model that overflowed."""
+    Never a NaN or inf in a 200: `values` gives every number the response carries (scores, pooled vectors,
+    probabilities); the heads keep finite logits finite, this catches a model that overflowed."""
     queued = served.scheduler.submit(job, plan)
     try:
         result = await job.future
     except BaseException:
         served.scheduler.cancel(queued)
         raise
-    if not all(math.isfinite(value) for value in values(result)):
+    rows = values(result)
+    small = sum(map(len, rows)) <= FINITE_CHECK_ON_LOOP
+    if not (_all_finite(rows) if small else await asyncio.to_thread(_all_finite, rows)):
         dtype = str(served.model.dtype).removeprefix("torch.")
         raise NonFiniteScore(f"the model produced a non-finite score for this request (numeric overflow in {dtype}); "
                              f"no {what} are returned")
@@ -146,7 +158,7 @@ class ScoringService:
             return Scored([], [] if ask.return_pooled_hidden_states or ask.embed else None, [], 0, False)
         self.metrics.stage_seconds.labels("tokenize").observe(time.perf_counter() - started)
         job = prepared.job
-        result = await run_job(served, job, prepared.plan, lambda r: _values(r, ask.embed), "scores")
+        result = await run_job(served, job, prepared.plan, _values, "scores")
         mode = "multi_item" if result.multi_item else "single_item"
         self.metrics.items.labels(mode).inc(job.num_items)
         self.metrics.score_requests.labels(mode).inc()
@@ -168,6 +180,6 @@ class ScoringService:
             self.served.scheduler.stop(self.config.drain_timeout_seconds)
 
 
-def _values(result: JobResult, embed: bool) -> list[float]:
-    rows = result.pooled_hidden_states or [] if embed else result.scores
-    return [value for row in rows for value in row]
+def _values(result: JobResult) -> list[list[float]]:
+    """Every number the response carries: the scores and, when asked for (or embedding), the pooled vectors."""
+    return result.scores + (result.pooled_hidden_states or [])
