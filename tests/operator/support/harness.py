@@ -99,10 +99,11 @@ class Cluster:
                 return None if obj.deleted else obj.raw
         return None
 
-    async def reconciled(self, name: str = "reranker", namespace: str = NAMESPACE,
-                         timeout: float = 30.0) -> PassReport:
+    async def reconciled(self, name: str = "reranker", namespace: str = NAMESPACE, timeout: float = 30.0,
+                         held: bool = False) -> PassReport:
         """Nudge the operator and wait for a pass of this model that started after every change made so far and
         has finished: it read the current state, and wrote whatever it was going to write (its PassReport says).
+        A pass that a spec edit's debounce window held (it rendered nothing) counts only with `held`.
 
         The nudge is a ConfigMap labelled as the model's (not one of its children), which any child event would do.
         """
@@ -115,7 +116,8 @@ class Cluster:
         else:
             await self.patch("configmaps", namespace, f"{name}-nudge", nudge)
         return await self.wait_for(lambda: next((p for p in self.passes if p.key == (namespace, name)
-                                                 and p.started > after), None), timeout, f"a pass of {name}")
+                                                 and p.started > after and (held or not p.held)), None), timeout,
+                                   f"a pass of {name}")
 
     async def wait_for(self, check: Callable[[], T | None], timeout: float = 30.0, what: str = "") -> T:
         """Poll until `check()` returns something truthy; fail with the last value otherwise."""

@@ -9,9 +9,11 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
+import kubernetes.client
 import pytest
 from harness import NAMESPACE
 from scorekeeper_operator.cache import WatchCache
+from scorekeeper_operator.k8s import KubeApi
 from scorekeeper_operator.pacing import (
     PACED_ANNOTATION,
     PACED_CAPACITY_ANNOTATION,
@@ -20,7 +22,9 @@ from scorekeeper_operator.pacing import (
     paced_annotations,
     stall_reason,
 )
+from scorekeeper_operator.reconcile import Reconciler
 from scorekeeper_operator.render.manifests import CONFIG_HASH_ANNOTATION
+from scorekeeper_operator.spec.settings import OperatorSettings
 from scorekeeper_operator.status.compute import Observed
 from scorekeeper_operator.status.pods import placement_clock
 from spec_helpers import deployment_of
@@ -54,6 +58,17 @@ def test_a_rollout_seen_progressed_holds_no_slot_when_it_loses_ready_pods_later(
     assert pacer.busy() == set()
     cache.put("deployments", paced("alpha", ready=0, config_hash="h2"))  # a later paced rollout of its own: held
     assert pacer.busy() == {ALPHA}
+
+
+def test_progress_counts_from_the_watch_event_that_shows_it() -> None:
+    """No model waits yet, so nothing counts the slots between the two events: the first one must be remembered."""
+    reconciler = Reconciler(KubeApi(kubernetes.client.ApiClient()), OperatorSettings())
+    try:
+        reconciler.observe("deployments", None, paced("alpha", ready=1))  # the watch shows the progress …
+        reconciler.observe("deployments", None, paced("alpha", ready=0))  # … then a drain, before any pass
+        assert reconciler.pacer.busy() == set()
+    finally:
+        reconciler.api.close()
 
 
 def test_the_paced_annotations_go_once_the_progress_is_seen() -> None:
