@@ -9,7 +9,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import pytest
 from pod_container import PodContainer
 
 OPERATOR_SOURCE = Path(__file__).resolve().parents[3] / "operator"
@@ -61,8 +60,6 @@ def test_the_operator_runs_as_the_pods_user_on_a_read_only_root(operator_pod: di
                                      "tmp writable"]
 
 
-@pytest.mark.xfail(strict=True, reason="the operator retries its Kubernetes configuration forever, printing a "
-                   "traceback each minute (operator/scorekeeper_operator/main.py); remove this mark with its fix")
 def test_without_a_cluster_the_entry_point_exits_with_one_clear_line(operator_pod: dict[str, Any],
                                                                      tmp_path: Path) -> None:
     status, logs = run_to_exit(operator_pod, operator_pod["containers"][0], tmp_path)

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from harness import NAMESPACE, Cluster, scoring_model
 from prometheus_client.parser import text_string_to_metric_families
-from scorekeeper_operator.main import run_options
+from scorekeeper_operator.main import NO_CLUSTER_EXIT_STATUS, run_options
 from scorekeeper_operator.spec.settings import DEFAULT_LIVENESS_ENDPOINT, OperatorSettings
 
 
@@ -81,6 +81,18 @@ async def test_console_script_runs_kopf_with_liveness_and_metrics_endpoints(clus
         process.terminate()
         await asyncio.to_thread(process.wait, 20)
     assert process.returncode == 0, log.read_text()
+
+
+def test_without_a_cluster_the_console_script_exits_with_one_clear_line(tmp_path: Path) -> None:
+    """Outside a pod and with no kubeconfig, kopf would retry its login forever, a traceback a minute."""
+    env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
+    env.update(KUBECONFIG=str(tmp_path / "absent"), HOME=str(tmp_path))
+    done = subprocess.run(_console_script(), env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == NO_CLUSTER_EXIT_STATUS, done.stderr
+    assert done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "not in a pod (KUBERNETES_SERVICE_HOST is unset)" in done.stderr
+    assert f"KUBECONFIG={tmp_path / 'absent'}" in done.stderr
 
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
