@@ -35,13 +35,13 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-import httpx
+import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: bench.* imports
 
 from bench.harness.common import REPO, Worker, exit_on_sigterm, log, machine_note, markdown_table, set_threads
 from bench.load.load_metrics import STEPS, parse, startup_note
-from bench.load.load_runner import Target, run_step
+from bench.load.load_runner import Target, post, run_step
 from bench.load.load_stats import Step, SweepRule, best_at_slo, next_qps, poisson_arrivals
 from bench.load.load_workload import PRESETS, BodyPool, Mix, Shape, label_ids
 
@@ -105,24 +105,24 @@ def mix_from(args: argparse.Namespace) -> Mix:
     return Mix("custom", ((1.0, Shape(args.query_tokens, args.items, args.item_tokens)),))
 
 
-async def capacity(client: httpx.AsyncClient, url: str, bodies: list[bytes], warmup: int) -> float:
+async def capacity(client: aiohttp.ClientSession, url: str, bodies: list[bytes], warmup: int) -> float:
     """Requests/s of a burst of len(bodies) concurrent requests, after `warmup` sequential ones."""
     for body in bodies[:warmup]:
-        (await client.post(url, content=body, headers={"content-type": "application/json"})).raise_for_status()
+        if (status := await post(client, url, body)) != 200:
+            raise SystemExit(f"{url}: a warm-up request got {status}")
     started = time.perf_counter()
-    responses = await asyncio.gather(*(client.post(url, content=b, headers={"content-type": "application/json"})
-                                       for b in bodies))
-    for response in responses:
-        response.raise_for_status()
+    statuses = await asyncio.gather(*(post(client, url, body) for body in bodies))
+    if any(status != 200 for status in statuses):
+        raise SystemExit(f"{url}: the burst got statuses {sorted(set(statuses))}")
     return len(bodies) / (time.perf_counter() - started)
 
 
 async def sweep(arms: list[Arm], targets: dict[str, Target], pool: BodyPool,
                 args: argparse.Namespace) -> dict[str, list[Step]]:
-    limits = httpx.Limits(max_connections=args.max_connections, max_keepalive_connections=args.max_connections)
     steps: dict[str, list[Step]] = {arm.name: [] for arm in arms}
     drain_s = max(2 * args.slo_ms / 1000, 10.0)
-    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(None)) as client:
+    connector = aiohttp.TCPConnector(limit=args.max_connections)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as client:
         rules = {}
         for arm in arms:
             bodies = [pool.body(i, arm.mis)[0] for i in range(args.probe)]

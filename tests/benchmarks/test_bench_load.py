@@ -1,14 +1,16 @@
-"""bench/load/bench_load.py's statistics, sweep and open-loop sending, on known samples, fake measurements and a fake
-server (httpx.MockTransport): deterministic, nothing asserted about time."""
+"""bench/load/bench_load.py's statistics, sweep and open-loop sending, on known samples, fake measurements and a real
+aiohttp server on loopback: deterministic, nothing asserted about time."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 import math
+from collections.abc import Awaitable, Callable
 
-import httpx
+import aiohttp
 import pytest
+from aiohttp import web
 from prometheus_client import generate_latest
 from scorekeeper_worker.base.metrics import WorkerMetrics
 
@@ -115,26 +117,44 @@ def _bodies(index: int) -> tuple[bytes, int]:
     return f'{{"n": {index}}}'.encode(), 3
 
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+async def _send_to(handler: Handler, count: int, drain_s: float) -> tuple[list[Outcome], float]:
+    """send_schedule's `count` requests, all due at once, to a real aiohttp server on loopback."""
+    app = web.Application()
+    app.router.add_post("/v1/score", handler)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with aiohttp.ClientSession() as client:
+            return await send_schedule(client, f"http://127.0.0.1:{port}/v1/score", [0.0] * count, _bodies, 0,
+                                       drain_s=drain_s)
+    finally:
+        await runner.cleanup()
+
+
 def test_sending_is_open_loop_every_request_is_in_flight_at_once() -> None:
-    """The fake server answers nothing until all 20 requests have arrived: a generator that waited for answers
-    before sending more would leave 19 unsent and abandon them at the deadline."""
+    """The server answers nothing until all 20 requests have arrived: a generator that waited for answers before
+    sending more would leave 19 unsent and abandon them at the deadline."""
     count = 20
 
     async def main() -> list[Outcome]:
         arrived = 0
         everyone = asyncio.Event()
 
-        async def handler(request: httpx.Request) -> httpx.Response:
+        async def handler(request: web.Request) -> web.Response:
             nonlocal arrived
             arrived += 1
             if arrived == count:
                 everyone.set()
             await everyone.wait()
-            return httpx.Response(200, json={"scores": []})
+            return web.json_response({"scores": []})
 
-        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-            outcomes, _ = await send_schedule(client, "http://fake/v1/score", [0.0] * count, _bodies, 0, drain_s=300)
-        return outcomes
+        return (await _send_to(handler, count, drain_s=300))[0]
 
     outcomes = asyncio.run(main())
     assert [o.status for o in outcomes] == [200] * count
@@ -143,18 +163,19 @@ def test_sending_is_open_loop_every_request_is_in_flight_at_once() -> None:
 
 def test_sending_records_refusals_failures_and_abandoned_requests() -> None:
     async def main() -> list[Outcome]:
-        async def handler(request: httpx.Request) -> httpx.Response:
-            n = int(request.content.decode().split()[-1].rstrip("}"))
+        async def handler(request: web.Request) -> web.StreamResponse:
+            n = int((await request.read()).decode().split()[-1].rstrip("}"))
             if n == 1:
-                return httpx.Response(429)
-            if n == 2:
-                raise httpx.ConnectError("refused", request=request)
+                return web.Response(status=429)
+            if n == 2:  # the connection dropped without an answer
+                assert request.transport is not None
+                request.transport.abort()
+                await asyncio.Event().wait()
             if n == 3:
                 await asyncio.Event().wait()  # never answers: abandoned at the deadline
-            return httpx.Response(200)
+            return web.Response(status=200)
 
-        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-            outcomes, wall = await send_schedule(client, "http://fake/v1/score", [0.0] * 5, _bodies, 0, drain_s=0.5)
+        outcomes, wall = await _send_to(handler, 5, drain_s=5.0)  # ample for the 200s on a loaded machine
         assert wall > 0
         return outcomes
 
