@@ -109,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
         "chunks repeat the query); beyond it 413")
     add("--max-response-bytes", "largest response a request may ask for (pooled hidden states, label scores); "
         "beyond it 400 before any work")
+    add("--max-intermediate-bytes", "largest tensor one request may make the worker hold at once (score rows, "
+        "label rows of the output embedding, pooled rows, its longest sequence's activations: docs/api.md); "
+        "beyond it 400 before any forward")
     add("--request-timeout-seconds", "answer 504 and drop a request's remaining work after this long "
         "(default: no timeout)")
     add("--max-items-per-request", "largest number of items in one request; beyond it 400")

@@ -155,3 +155,27 @@ def test_a_text_request_over_the_token_limit_is_refused_before_it_is_tokenized_w
         assert small.status_code == 200, small.text  # under the limit: counted (or not) and served
     finally:
         model.tokenizer = counting.tokenizer
+
+
+def test_a_request_whose_largest_intermediate_is_over_the_limit_is_400_naming_its_field(
+        tiny_model: Callable[[str], Path], server_for: Callable[..., RunningServer]) -> None:
+    """--max-intermediate-bytes of 1 MiB: 500 items × 290 label probabilities (1.16 MB of float64) are refused
+    naming label_token_ids, a 600-token item (4 heads × 600² attention scores) naming items; both before any
+    tokenization or forward. Fewer labels, or a shorter item, are served."""
+    server = server_for(tiny_model("qwen3-causal"), max_intermediate_bytes=1 << 20, max_response_bytes=1 << 26)
+    batches = _metric(server, "scorekeeper_batch_tokens_count")
+    tokenized = _metric(server, "scorekeeper_stage_duration_seconds_count", stage="tokenize")
+    labels = server.score(query=[5], items=[[6]] * 500, label_token_ids=list(range(290)), apply_softmax=True)
+    assert labels.status_code == 400, labels.text
+    error = labels.json()
+    assert error["type"] == "BadRequestError" and error["message"].startswith("label_token_ids: ")
+    assert "145000 float64" in error["message"] and "--max-intermediate-bytes" in error["message"]
+    assert _metric(server, "scorekeeper_stage_duration_seconds_count", stage="tokenize") == tokenized
+    long_item = server.score(query=[5], items=[[6] * 600], label_token_ids=[1, 2])
+    assert long_item.status_code == 400, long_item.text
+    assert long_item.json()["message"].startswith("items: ") and "attention scores" in long_item.json()["message"]
+    assert _metric(server, "scorekeeper_batch_tokens_count") == batches  # nothing reached the model
+    assert _metric(server, "scorekeeper_rejected_requests_total", reason="intermediate_bytes") == 2
+    fewer = server.score(query=[5], items=[[6]] * 500, label_token_ids=list(range(200)), apply_softmax=True)
+    assert fewer.status_code == 200 and len(fewer.json()["scores"][0]) == 200
+    assert server.score(query=[5], items=[[6] * 200], label_token_ids=[1, 2]).status_code == 200

@@ -78,6 +78,7 @@ class WorkerConfig(BaseModel):
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     max_request_tokens: int = Field(65536, ge=16)
     max_response_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    max_intermediate_bytes: int = Field(4 * 1024**3, ge=1024 * 1024)
     request_timeout_seconds: float | None = Field(None, gt=0)
     max_items_per_request: int = Field(4096, ge=1)
     pooled_hidden_states: PooledHiddenStates = PooledHiddenStates.ALLOWED

@@ -44,6 +44,13 @@ class ResponseTooLarge(Invalid):
     reason = "response_bytes"
 
 
+class IntermediateTooLarge(Invalid):
+    """A tensor the request would make the worker hold at once exceeds --max-intermediate-bytes: refused before any
+    forward (serving/prepare.py)."""
+
+    reason = "intermediate_bytes"
+
+
 class TooLarge(ScoringError):
     """The request would run more tokens through the model than --max-request-tokens (planned, before queueing)."""
 

@@ -3,7 +3,8 @@ question's option probabilities, on the same model thread, queue, limits, timeou
 
 Every limit is checked before the work it bounds: the number of questions (`--max-items-per-request`) and the
 response's size (`--max-response-bytes`) from the request's shape; the input's length and a lower bound of the
-planned tokens (`--max-request-tokens`) before any prompt is rendered; the exact planned tokens before anything is
+planned tokens (`--max-request-tokens`) before any prompt is rendered; the exact planned tokens, and the largest
+intermediate its longest prompt and its vocabulary rows need (`--max-intermediate-bytes`), before anything is
 queued."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from scorekeeper_worker.planning import decision_plan, decision_prompts
 from scorekeeper_worker.planning.decision_prompts import DecisionAsk
 from scorekeeper_worker.planning.encoding import too_long
 from scorekeeper_worker.planning.readable_ids import check_rows
+from scorekeeper_worker.serving.prepare import check_intermediates, longest_unit, token_intermediates, vocabulary_logits
 from scorekeeper_worker.serving.service import Served, run_job
 
 if TYPE_CHECKING:
@@ -96,6 +98,8 @@ def _prepare(config: WorkerConfig, model: ScoringModel, template: DecisionTempla
         check_rows(model, [prompt], [question.field], texts)
     plan = decision_plan.plan(model, tokens, [q.field for q in ask.questions], multi_item, config.max_batch_tokens,
                               config.max_request_tokens)
+    check_intermediates([*token_intermediates(model, longest_unit(plan.units), "input"),
+                         vocabulary_logits(model, len(plan.targets), "questions")], config.max_intermediate_bytes)
     job = DecisionJob(questions=decision_plan.questions(tokens), targets=plan.targets,
                       prompt_tokens=plan.prompt_tokens, multi_item=plan.multi_item, future=loop.create_future(),
                       loop=loop)

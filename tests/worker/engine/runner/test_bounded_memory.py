@@ -7,6 +7,7 @@ the untiled ones (the untiled run, with the default tile, is shown to allocate t
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -14,14 +15,28 @@ from typing import Any
 
 import pytest
 import scorekeeper_worker.model.kernels.tiled as kernels
+import tiny_models
 import torch
+from engine_runs import one_batch
 from packed_units import mixed_units
+from scorekeeper_worker.api.wire.score import ScoreRequest
 from scorekeeper_worker.base.config import DType
 from scorekeeper_worker.engine.runner import forward
 from scorekeeper_worker.engine.runner.batch_inputs import build_inputs
+from scorekeeper_worker.engine.runner.executor import Executor
 from scorekeeper_worker.engine.runner.forward import pooled_rows
 from scorekeeper_worker.engine.runner.packing import PackUnit, Pool
 from scorekeeper_worker.model.loader import ScoringModel, load_model
+from scorekeeper_worker.serving.direct import score_now, scored
+from scorekeeper_worker.serving.prepare import (
+    Limits,
+    label_lists,
+    largest,
+    longest_unit,
+    prepare,
+    shape_intermediates,
+    token_intermediates,
+)
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -120,3 +135,55 @@ def test_tiling_never_changes_scores(name: str, emulate_gpu: bool, tiny_model: C
     monkeypatch.setattr(kernels, "TILE_ELEMENTS", 1 << 9)
     tiled, _ = _forward(model, units)
     torch.testing.assert_close(tiled, expected, rtol=1e-5, atol=1e-5)
+
+
+# The issue's request (issue 48, defect 1): 4,096 one-token items × 290 label tokens on a causal LM of hidden 512.
+LABEL_ITEMS, LABEL_COUNT, LABEL_HIDDEN = 4096, 290, 512
+
+
+def test_label_scores_allocate_items_times_labels_not_times_hidden(tiny_dir: Path) -> None:
+    """Label scores are one product per distinct label list, `rows @ W[labels].T`: nothing the request runs is
+    [items, labels, hidden] (the old gather `W[labels]` per item: 2.4 GB here, for 4.5 MiB of scores)."""
+    path = tiny_models.build("qwen3-causal", tiny_dir, variant="hidden512", config_edits={"hidden_size": LABEL_HIDDEN})
+    model = load_model(path, DType.FLOAT32, "cpu", "qwen3-causal")
+    request = ScoreRequest(query=[5], items=[[10 + i % 200] for i in range(LABEL_ITEMS)],
+                           label_token_ids=list(range(LABEL_COUNT)), apply_softmax=True)
+    with torch.inference_mode(), LargestAllocation() as recorder:
+        [scores] = one_batch(model, [request])
+    assert len(scores) == LABEL_ITEMS and len(scores[0]) == LABEL_COUNT
+    tokens = 2 * LABEL_ITEMS  # the query and one item token per unit
+    linear = (LABEL_ITEMS * LABEL_COUNT * 8  # the probabilities, in float64
+              + LABEL_COUNT * LABEL_HIDDEN * FLOAT32  # the label rows of the output embedding
+              + _linear_bytes(model, tokens + 1))  # the trunk's activations
+    assert recorder.largest <= linear < LABEL_ITEMS * LABEL_COUNT * LABEL_HIDDEN * FLOAT32 // 50, recorder.largest
+
+
+ESTIMATED = [  # (model, /v1/score body): each term of serving/prepare.py the largest in turn
+    ("qwen3-causal", {"query": [5], "items": [[10 + i % 200] for i in range(300)], "label_token_ids": list(range(290)),
+                      "apply_softmax": True}),  # label scores
+    ("qwen3-causal", {"query": [5], "items": [[7, 8]] * 500, "label_token_ids": [1, 2]}),  # vocabulary logits
+    ("qwen3-cls3", {"query": "a question", "items": ["an answer"] * 300, "return_pooled_hidden_states": True}),
+    ("bert-embed", {"query": "a question", "items": ["an answer"] * 300}),  # pooled rows
+    ("bert-cross", {"query": "a question", "items": [" ".join(["answer"] * 400)] * 3}),  # the trunk
+]
+
+
+@pytest.mark.parametrize(("name", "body"), ESTIMATED, ids=[f"{name}-{i}" for i, (name, _) in enumerate(ESTIMATED)])
+def test_no_allocation_exceeds_the_admission_estimate(name: str, body: dict[str, Any],
+                                                      tiny_model: Callable[[str], Path]) -> None:
+    """What admission counts (`--max-intermediate-bytes`) bounds what the request allocates: its own terms (its shape's,
+    its longest unit's), or the activations of the whole batch (--max-batch-tokens; here all the request's tokens)."""
+    model = load_model(tiny_model(name), DType.FLOAT32, "cpu", name)
+    ask = ScoreRequest(**body).ask()
+    labels = label_lists(model, ask, len(ask.items))
+    loop = asyncio.new_event_loop()
+    try:
+        units = prepare(model, ask, labels, Limits(), loop.create_future(), loop).plan.units
+    finally:
+        loop.close()
+    own = largest([*shape_intermediates(model, ask, labels),
+                   *token_intermediates(model, longest_unit(units), "items")])
+    with torch.inference_mode(), LargestAllocation() as recorder:
+        [job] = scored(score_now(Executor(model), [ask]))
+    activations, _ = token_intermediates(model, job.prompt_tokens + 1, "items")  # the batch, and its padding row
+    assert recorder.largest <= max(own.nbytes, activations.nbytes), (recorder.largest, own, activations)
