@@ -110,9 +110,9 @@ def rerank_body(draw: st.DrawFn, subject: Subject) -> dict[str, Any]:
     return body
 
 
-def batches(subject: Subject) -> st.SearchStrategy[list[dict[str, Any]]]:
-    """One to four requests scored in one packed batch."""
-    return st.lists(request_body(subject), min_size=1, max_size=4)
+def batches(subject: Subject, min_size: int = 1) -> st.SearchStrategy[list[dict[str, Any]]]:
+    """`min_size` to four requests scored in one packed batch."""
+    return st.lists(request_body(subject), min_size=min_size, max_size=4)
 
 
 def delimiters(subject: Subject) -> st.SearchStrategy[int | None]:

@@ -101,3 +101,12 @@ def _subject(variant: Variant, out_dir: Path) -> Subject:
 
 def subject(variant: Variant | SentenceVariant, out_dir: Path) -> Subject:
     return _subject(variant, out_dir)
+
+
+@cache
+def half_precision(variant: Variant, out_dir: Path) -> ScoringModel:
+    """The variant's engine in float16 (with the float32 engine's prompt template and label tokens)."""
+    tested = _subject(variant, out_dir)
+    engine = load_model(tested.path, DType.FLOAT16, "cpu", variant.name)
+    engine.template, engine.default_labels = tested.engine.template, tested.engine.default_labels
+    return engine

@@ -29,17 +29,19 @@ class PaddedTrunk(Protocol):
     def __call__(self, **inputs: torch.Tensor) -> Any: ...
 
 
-def padded_hidden(trunk: PaddedTrunk, inputs: ForwardInputs) -> torch.Tensor:
+def padded_hidden(trunk: PaddedTrunk, inputs: ForwardInputs, pad_token: int) -> torch.Tensor:
     """Models whose attention does not go through transformers' AttentionInterface (support matrix: padded): each
     block of similar-length sequences runs as an ordinary right-padded batch with an attention mask, so the model's
-    own attention keeps sequences apart. Returns the packed hidden states [T, H], as the packed path does."""
+    own attention keeps sequences apart. Padding is `pad_token` (as transformers pads a batch), never a copy of
+    another request's token: the model's attention multiplies masked keys by 0, and 0 × inf is NaN. Returns the
+    packed hidden states [T, H], as the packed path does."""
     ids, types = inputs.input_ids[0], inputs.token_type_ids
     hidden: torch.Tensor | None = None
     for block in inputs.layout.context_blocks:
         mask = torch.arange(block.token_index.shape[1], device=ids.device)[None, :] < block.lengths[:, None]
         extra = {} if types is None else {"token_type_ids": types[0][block.token_index]}
-        out = trunk(input_ids=ids[block.token_index], attention_mask=mask.long(), position_ids=block.positions,
-                    **extra).last_hidden_state
+        out = trunk(input_ids=ids[block.token_index].masked_fill(~mask, pad_token), attention_mask=mask.long(),
+                    position_ids=block.positions, **extra).last_hidden_state
         if hidden is None:
             hidden = out.new_empty(inputs.num_tokens + 1, out.shape[-1])  # the last row takes padding
         hidden.index_copy_(0, block.write_index, out.reshape(-1, out.shape[-1]))
@@ -54,8 +56,9 @@ def pooled_rows(model: ScoringModel, inputs: ForwardInputs, trunk: PaddedTrunk |
     `trunk`: another backend for the trunk, run on padded blocks (int8)."""
     inputs.layout.reset()  # masks are rebuilt from the tensors' current values in every pass
     token_index = inputs.pool_token_index
+    pad_token = getattr(model.model.config, "pad_token_id", None) or 0
     if trunk is not None:
-        hidden = padded_hidden(trunk, inputs)
+        hidden = padded_hidden(trunk, inputs, pad_token)
     elif model.packed:
         extra = {} if inputs.token_type_ids is None else {"token_type_ids": inputs.token_type_ids}
         rows = None
@@ -67,7 +70,7 @@ def pooled_rows(model: ScoringModel, inputs: ForwardInputs, trunk: PaddedTrunk |
                                  scorekeeper_layout=inputs.layout, use_cache=False, **extra)
         hidden = output.last_hidden_state[0]
     else:
-        hidden = padded_hidden(model.trunk, inputs)
+        hidden = padded_hidden(model.trunk, inputs, pad_token)
     contributions = hidden[token_index].float() * inputs.pool_weight[:, None]
     pooled = torch.zeros(inputs.pool_rows or len(inputs.readouts), hidden.shape[-1], dtype=torch.float32,
                          device=hidden.device)

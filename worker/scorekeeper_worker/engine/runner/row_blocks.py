@@ -42,7 +42,8 @@ def _tensor(values: list[Any]) -> torch.Tensor:
 
 
 def row_block(rows: list[Row], spare: int) -> RowBlock:
-    """Rows padded to the longest; padding reads token 0 and writes to the spare row `spare`."""
+    """Rows padded to the longest; padding reads token 0 (attention zeroes its keys and values: it is another
+    request's token) and writes to the spare row `spare`."""
     width = max(1, max(len(r.tokens) for r in rows))
     pad = [width - len(r.tokens) for r in rows]
     return RowBlock(

@@ -13,6 +13,12 @@ log-sum-exps. Softcapping (and non-CPU devices) take the explicit float32 path. 
 is built one tile of queries at a time, so memory is bounded by the tile, not by the square of the longest row.
 Nothing here reads a device value back to the host.
 
+Masked keys add exactly nothing, whatever their values: every kernel still multiplies a masked key's value by its
+weight 0, and 0 × inf is NaN (one float16 request that overflows would turn its neighbours' rows NaN). So padding
+slots of row blocks hold zero keys and values, never packed token 0, and the layouts that put other requests' keys in
+a query's tiles (dense, flex) first zero every non-finite value and make its key NaN (`tiled.masked_values`), which
+the mask removes where the key is masked and keeps where it is seen. The Triton kernel only loads its own ranges.
+
 CUDA-graph buckets use the per-token rules instead (`LayoutKind.DENSE`: explicit tiles of a fixed number of
 queries against the whole bucket, so the result does not depend on how far a bucket is padded; `LayoutKind.FLEX`,
 FlexAttention with a block-sparse mask: `model/kernels/flex.py`; or `LayoutKind.TRITON`, ranges of keys per block of
@@ -34,7 +40,16 @@ from scorekeeper_worker.model.kernels.layout import (
     TokenLayout,
     token_allowed,
 )
-from scorekeeper_worker.model.kernels.tiled import Mask, RowMask, attend, attend_output, attend_spans, in_place, merge
+from scorekeeper_worker.model.kernels.tiled import (
+    Mask,
+    RowMask,
+    attend,
+    attend_output,
+    attend_spans,
+    in_place,
+    masked_values,
+    merge,
+)
 
 __all__ = ["ATTENTION_NAME", "AttentionLayout", "ItemBlock", "LayoutKind", "RowBlock", "TokenLayout",
            "packed_attention", "token_allowed"]
@@ -60,11 +75,22 @@ def _valid(block: RowBlock) -> torch.Tensor:
     return torch.arange(block.token_index.shape[1], device=block.lengths.device)[None, :] < block.lengths[:, None]
 
 
-def _rows(x: torch.Tensor, index: torch.Tensor, groups: int = 1) -> torch.Tensor:
-    """x [T, h, D] (token-major), index [R, L] → [R, h·groups, L, D] with one gather (K/V heads repeated for GQA)."""
+def _rows(x: torch.Tensor, index: torch.Tensor, groups: int = 1, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, h, D] (token-major), index [R, L] → [R, h·groups, L, D] with one gather (K/V heads repeated for GQA).
+    `valid` [R, L] (a padded block's keys and values): padding slots, which gathered packed token 0, are zeroed."""
     r, length = index.shape
-    rows = x.index_select(0, index.reshape(-1)).view(r, length, x.shape[1], x.shape[2]).transpose(1, 2)
+    rows = x.index_select(0, index.reshape(-1)).view(r, length, x.shape[1], x.shape[2])
+    if valid is not None:
+        rows = rows.masked_fill_(~valid[..., None, None], 0)
+    rows = rows.transpose(1, 2)
     return rows if groups == 1 else rows.repeat_interleave(groups, dim=1)
+
+
+def _key_rows(k: torch.Tensor, v: torch.Tensor, block: RowBlock, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A block's keys and values, its padding zero: every kernel still multiplies a masked key by its weight 0, and
+    0 × inf is NaN, so padding must not hold packed token 0, another request's token, whose values may overflow."""
+    valid = _valid(block) if block.padded else None
+    return _rows(k, block.token_index, groups, valid), _rows(v, block.token_index, groups, valid)
 
 
 def _put(out: torch.Tensor, block: RowBlock, o: torch.Tensor) -> None:
@@ -135,6 +161,7 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
         rules = layout.tokens
         index = torch.arange(tokens, device=q.device)
         mask = layout.cached(("dense", causal, window), lambda: TokenMask(rules, causal, window))
+        k, v = masked_values(k, v)  # every query's tile holds every token of the bucket, other requests' too
         o, _lse = attend(_rows(q, index[None]), _rows(k, index[None], groups), _rows(v, index[None], groups),
                          mask, False, scale, softcap, explicit=True, query_rows=DENSE_QUERY_ROWS)  # type: ignore[arg-type]
         return o.transpose(1, 2), None
@@ -146,26 +173,26 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
             continue
         mask = layout.cached(("ctx", i, causal, window), lambda b=block: RowMask(
             b.positions, b.positions, _valid(b) if b.padded else None, causal, window, contiguous=True))
-        qr, kr, vr = (_rows(t, block.token_index, g) for t, g in ((q, 1), (k, groups), (v, groups)))
+        qr, (kr, vr) = _rows(q, block.token_index), _key_rows(k, v, block, groups)
         _put(out, block, attend_output(qr, kr, vr, mask, causal, scale, softcap))  # type: ignore[arg-type]
 
     contexts = layout.item_contexts
     if contexts is not None:  # every item block reads the same query rows: gather them once
-        kc, vc = _rows(k, contexts.token_index, groups), _rows(v, contexts.token_index, groups)
+        kc, vc = _key_rows(k, v, contexts, groups)
     for i, block in enumerate(layout.item_blocks):
         assert contexts is not None
         to_query_mask = layout.cached(("to-query", i, window), lambda b=block: _to_query_mask(b, contexts, window))
         # An item sees its own tokens as its model sees a row (causally in decoders), as `token_allowed` says.
         mask = layout.cached(("item", i, causal, window), lambda b=block: RowMask(
             b.positions, b.positions, _valid(b) if b.padded else None, causal, window, contiguous=True))
-        qr, kr, vr = (_rows(t, block.token_index, g) for t, g in ((q, 1), (k, groups), (v, groups)))
+        qr, (kr, vr) = _rows(q, block.token_index), _key_rows(k, v, block, groups)
         to_query = _item_to_query(qr, kc, vc, block, contexts, to_query_mask, scale, softcap)  # type: ignore[arg-type]
         to_item = attend(qr, kr, vr, mask, causal, scale, softcap)  # type: ignore[arg-type]
         if block.parents is None:
             _put(out, block, merge(to_query, to_item))
             continue
         parent_mask = layout.cached(("to-parent", i, window), lambda b=block: _to_parent_mask(b, window))
-        kp, vp = (_rows(t, block.parents.token_index, groups) for t in (k, v))
+        kp, vp = _key_rows(k, v, block.parents, groups)
         to_parent = attend(qr, kp, vp, parent_mask, False, scale, softcap)  # type: ignore[arg-type]
         _put(out, block, merge(to_query, to_parent, to_item))
     return out[:tokens].unsqueeze(0), None

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from scorekeeper_worker.model.kernels.layout import AttentionLayout, TokenLayout, token_allowed
+from scorekeeper_worker.model.kernels.tiled import masked_values
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +193,7 @@ def flex_packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.T
     tokens = layout.tokens
     assert tokens is not None
     block_mask = layout.cached(("flex", causal, window), lambda: flex_block_mask(tokens, causal, window))
+    key, value = masked_values(key, value)  # a partial tile multiplies its masked keys, other requests' too
     dim = query.shape[-1]
     if dim < MIN_HEAD_DIM:
         query, key, value = (F.pad(t, (0, MIN_HEAD_DIM - dim)) for t in (query, key, value))

@@ -29,12 +29,12 @@ import torch
 
 @dataclass
 class RowBlock:
-    """Rows padded to one length. `token_index[r, j]` is the packed index of the row's j-th token (0 when padding);
-    `lengths[r]` how many are real; `positions[r, j]` the token's position id (for sliding windows); `write_index`
-    the [R·L] packed index each row slot's output goes to (the spare row T for padding). `padded` (host-side)
-    says whether any row is shorter than the block. `spans` (host-side): each row's (first packed index, length)
-    when every row is a run of consecutive packed tokens, as whole sequences are (else empty); such rows can
-    attend where they lie, without gathering them."""
+    """Rows padded to one length. `token_index[r, j]` is the packed index of the row's j-th token (0 when padding:
+    attention zeroes the keys and values gathered there); `lengths[r]` how many are real; `positions[r, j]` the
+    token's position id (for sliding windows); `write_index` the [R·L] packed index each row slot's output goes to
+    (the spare row T for padding). `padded` (host-side) says whether any row is shorter than the block. `spans`
+    (host-side): each row's (first packed index, length) when every row is a run of consecutive packed tokens, as
+    whole sequences are (else empty); such rows can attend where they lie, without gathering them."""
 
     token_index: torch.Tensor  # [R, L] int64
     lengths: torch.Tensor  # [R] int64

@@ -7,8 +7,9 @@ the first `prefix` tokens of its query (items), and its parent item (child items
 of at most BLOCK_M consecutive queries of one segment, each described by eight integers (`work_list`, built on the
 host while packing): its queries, and the three key ranges. One program per (work item, K/V head) loops over the
 key tiles of the three ranges only; masks are comparisons with those bounds (and the diagonal), so the tiles it
-computes are its own request's. A GQA group's query heads are stacked as rows of one tile, so each K/V tile is
-loaded once for the group.
+computes are its own request's: keys past a range load as zeros, so another request's values, even inf or NaN,
+never enter a product. A GQA group's query heads are stacked as rows of one tile, so each K/V tile is loaded once
+for the group.
 
 The grid is fixed for a CUDA graph (a bucket's most work items, `WORK_FIELDS` per item), and the number of live items
 is read on the device, so a replay needs no host value. Tokens outside every work item (a bucket's padding) get

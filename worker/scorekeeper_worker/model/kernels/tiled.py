@@ -233,6 +233,16 @@ def _explicit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.
     return (torch.softmax(scores, dim=-1) @ v).to(q.dtype), torch.logsumexp(scores, dim=-1)
 
 
+def masked_values(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """k and v ([..., keys, D] or token-major [keys, h, D] alike) for a kernel that multiplies masked keys by their
+    weight 0 (dense tiles over a whole bucket, flex's partial tiles), where 0 × inf = NaN would reach every query of
+    the call. A key whose value holds a non-finite number gets value 0, so where it is masked it adds exactly 0, and
+    key NaN, so a query that does see it still gets a NaN score, and NaN out (transformers: inf or NaN). Where a
+    key's score is NaN, the mask replaces it; the finite keys are unchanged, so other rows' results stay bit-exact."""
+    bad = ~torch.isfinite(v).all(-1, keepdim=True)
+    return k.masked_fill(bad, float("nan")), v.masked_fill(bad, 0.0)
+
+
 def merge(*parts: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """Attention over the union of disjoint key sets, from each set's output and log-sum-exp."""
     top = parts[0][1]
