@@ -82,10 +82,13 @@ class Scheduler(Generic[T]):
         """A spec edit: a pass now if none came within `window` (the leading edge), else one pass once the edits
         have stopped for `window` (the trailing edge); passes for other reasons wait for it too. A burst is rendered
         at most twice, however many edits it has (and once more per DEBOUNCE_LIMIT windows if it never ends).
-        `settling`: a pass met an edit within the window of the last one it rendered (before kopf delivered it)."""
+        `settling`: a pass met an edit within the window of the last one it rendered (before kopf delivered it):
+        held even when it is the first edit of a burst, which then starts now."""
         entry, now = self._entry(key), asyncio.get_running_loop().time()
-        quiet = not settling and (entry.last_edit is None or now - entry.last_edit >= window)
-        if quiet or now - entry.burst_start >= DEBOUNCE_LIMIT * window:
+        quiet = entry.last_edit is None or now - entry.last_edit >= window
+        if quiet and settling:
+            entry.burst_start = now
+        if (quiet and not settling) or now - entry.burst_start >= DEBOUNCE_LIMIT * window:
             entry.burst_start, entry.hold_until = now, None
         else:
             entry.hold_until = now + window

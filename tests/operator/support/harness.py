@@ -99,14 +99,9 @@ class Cluster:
                 return None if obj.deleted else obj.raw
         return None
 
-    async def reconciled(self, name: str = "reranker", namespace: str = NAMESPACE, timeout: float = 30.0,
-                         held: bool = False) -> PassReport:
-        """Nudge the operator and wait for a pass of this model that started after every change made so far and
-        has finished: it read the current state, and wrote whatever it was going to write (its PassReport says).
-        A pass that a spec edit's debounce window held (it rendered nothing) counts only with `held`.
-
-        The nudge is a ConfigMap labelled as the model's (not one of its children), which any child event would do.
-        """
+    async def nudge(self, name: str = "reranker", namespace: str = NAMESPACE) -> float:
+        """Ask for a pass of this model as any child event would: touch a ConfigMap labelled as the model's (not one
+        of its children). Returns the time just before."""
         after = time.monotonic()
         nudge = {"metadata": {"name": f"{name}-nudge", "labels": {"app.kubernetes.io/managed-by": MANAGED_BY,
                                                                   "app.kubernetes.io/instance": name},
@@ -115,8 +110,17 @@ class Cluster:
             await self.create("configmaps", namespace, nudge)
         else:
             await self.patch("configmaps", namespace, f"{name}-nudge", nudge)
+        return after
+
+    async def reconciled(self, name: str = "reranker", namespace: str = NAMESPACE,
+                         timeout: float = 30.0) -> PassReport:
+        """Nudge the operator and wait for a pass of this model that started after every change made so far and
+        has finished: it read the current state, and wrote whatever it was going to write (its PassReport says).
+        A pass that a spec edit's debounce window held (it rendered nothing) does not count; the passes after it
+        are held until the edits stop (a test of the hold waits for the held pass itself: nudge, then wait)."""
+        after = await self.nudge(name, namespace)
         return await self.wait_for(lambda: next((p for p in self.passes if p.key == (namespace, name)
-                                                 and p.started > after and (held or not p.held)), None), timeout,
+                                                 and p.started > after and not p.held), None), timeout,
                                    f"a pass of {name}")
 
     async def wait_for(self, check: Callable[[], T | None], timeout: float = 30.0, what: str = "") -> T:

@@ -103,6 +103,11 @@ async def test_a_timed_pass_runs_without_any_trigger() -> None:
     passes.started.clear()
     await passes.started.wait()
     assert passes.count == 2
+    scheduler.after(KEY, 0.01)
+    scheduler.after(KEY, 1000.0)  # … in either order: a later one never puts off a re-check already due sooner
+    passes.started.clear()
+    await passes.started.wait()
+    assert passes.count == 3
     await scheduler.close()
 
 
@@ -159,4 +164,19 @@ async def test_a_burst_of_edits_runs_one_pass_at_once_and_holds_the_rest_until_t
     scheduler.edited(KEY, 0.0)  # the window ends (a zero window: the next edit is quiet at once)
     await turns()
     assert passes.count == 2
+    await scheduler.close()
+
+
+async def test_an_edit_a_pass_met_before_kopf_delivered_it_holds_at_once() -> None:
+    """Issue 49: the pass-side debounce (`settling`) holds the passes after it even when the edit it met is the
+    first of its burst (none came through the update handler yet): one pass renders it, once the window ends."""
+    passes = Passes()
+    scheduler = Scheduler(passes, lambda n: 1000.0)
+    scheduler.edited(KEY, 1000.0, settling=True)
+    scheduler.trigger(KEY)  # a child event meanwhile
+    await turns()
+    assert passes.count == 0
+    scheduler.edited(KEY, 0.0)  # the window ends
+    await turns()
+    assert passes.count == 1
     await scheduler.close()
