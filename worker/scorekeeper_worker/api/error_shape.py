@@ -67,6 +67,13 @@ class PayloadTooLarge(HttpError):
     status, kind, reason = 413, "RequestTooLarge", "body_too_large"
 
 
+class ParsersBusy(HttpError):
+    """Too many large bodies are being parsed or wait for it (api/middleware/parse_gate.py): retry later."""
+
+    status, kind, reason = 429, "TooManyRequests", "parse_queue_full"
+    headers_ = RETRY_AFTER
+
+
 class ClientDisconnected(HttpError):
     """The client closed the connection before its answer was ready; its queued work was dropped. Nobody reads
     this answer: its status (nginx's "client closed request") shows in the request metrics."""

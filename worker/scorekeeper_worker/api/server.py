@@ -32,6 +32,7 @@ from scorekeeper_worker.api.http_protocol import quiet_accept_errors, server_opt
 from scorekeeper_worker.api.listeners import listen
 from scorekeeper_worker.api.metrics_server import MetricsServer
 from scorekeeper_worker.api.middleware.auth import ApiKeyAuth, ApiKeys
+from scorekeeper_worker.api.middleware.parse_gate import ParseGate
 from scorekeeper_worker.api.middleware.per_request import (
     BodyLimit,
     ErrorReporter,
@@ -127,6 +128,7 @@ def create_app(config: WorkerConfig, load_in_background: bool = True,
     # (api/middleware/per_request.py): four per item a request may hold, and room for the rest.
     app.router.redirect_slashes = False
     app.state.max_json_containers = 4 * config.max_items_per_request + 1024
+    app.state.parse_gate = ParseGate()  # large bodies parsed one at a time, behind a bounded line
     app.state.service = service
     app.state.metrics = metrics
     app.state.drain = drain

@@ -27,7 +27,8 @@ CPU_SHARE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 STAGES = ("tokenize", "queue", "forward", "scoring", "serialize", "end_to_end")
 # A forward batch's steps (`batch_step_seconds`): on the host, then the device's time of the forward.
 BATCH_STEPS = ("pack", "copy_in", "device", "heads", "copy_out", "respond")
-REJECTIONS = ("queue_full", "body_too_large", "request_tokens", "response_bytes", "intermediate_bytes")
+REJECTIONS = ("queue_full", "body_too_large", "request_tokens", "response_bytes", "intermediate_bytes",
+              "parse_queue_full")
 CANCELLATIONS = ("disconnect", "timeout", "device_lost")
 SIZE_CLASSES = ("small", "medium", "large")  # queue wait by request size (`size_class`)
 DECISION_TYPES = ("predicate", "yes_no", "choice", "score")  # planning.decision_prompts.QuestionKind

@@ -24,8 +24,11 @@ validates it; `JSONRoute` hands it a request whose `json()` does both in a worke
 model (which FastAPI's own validation then passes through unchanged). A thread is enough only because no step holds
 the interpreter for long: `json.loads` and pydantic hold it for the whole of one call, and a body of millions of
 small arrays costs seconds there (mostly the garbage collector, which walks every container), so such a body is
-refused before it is parsed, from a scan of its bytes (`structure`: a few fast passes of at most tens of
-milliseconds for 8 MB). Then:
+refused before it is parsed, from a scan of its bytes (`structure`: 1 MiB at a time, each step a call of about a
+millisecond that never casts inside numpy's loops, which would hold the lock: a cumsum of int32 into int64 held it
+for 0.3 s per 8 MB body, and four such bodies stalled /health for 0.7 s). Bodies of 1 MiB or more are parsed one at
+a time, behind a bounded line (api/middleware/parse_gate.py: 429 when it is full), so the event loop waits behind
+one parse at most. Then:
 - UTF-8 is decoded with `surrogateescape`, so invalid bytes survive as lone surrogates and the request model's text
   check names the field that holds them (instead of one "body is not UTF-8" for the whole request);
 - nesting deeper than MAX_DEPTH is refused from the same scan;
@@ -45,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.message
+import functools
 import json
 import logging
 import re
@@ -71,6 +75,7 @@ from scorekeeper_worker.api.error_shape import (
     error_for,
     validation_message,
 )
+from scorekeeper_worker.api.middleware.parse_gate import LARGE_BODY_BYTES, ParseGate
 from scorekeeper_worker.base.errors import NotReady
 from scorekeeper_worker.base.logs import REQUEST_ID
 from scorekeeper_worker.base.metrics import WorkerMetrics
@@ -203,6 +208,10 @@ class BodyLimit:
 JSON_TYPES = ("application/json",)
 MAX_DEPTH = 32  # arrays and objects inside each other; the deepest body of this API nests 4
 _NOT_STRUCTURE = bytes(range(256)).translate(None, b'"[]{}')  # every byte but a quote and the brackets
+# Bytes the scan takes at a time. Every step below is one call that holds the interpreter lock (bytes.replace, numpy's
+# accumulations): on 1 MiB each holds it about a millisecond, so the event loop is never held behind a whole body.
+SCAN_CHUNK = 1 << 20
+_BACKSLASH = ord("\\")
 
 
 @dataclass(frozen=True)
@@ -213,16 +222,34 @@ class Structure:
 
 def structure(body: bytes) -> Structure:
     """Arrays and objects in a JSON text and how deep they nest, counting only brackets outside strings. A guard, not
-    a parser: garbage gives some answer, and json.loads refuses it afterwards."""
-    # Escaped backslashes, then escaped quotes, go first: every quote left opens or closes a string.
-    marks = body.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE)
-    codes = np.frombuffer(marks, dtype=np.uint8)
-    quotes = codes == ord('"')
-    outside = ~quotes & ((np.cumsum(quotes, dtype=np.uint8) & 1) == 0)  # quote parity (uint8 wraps: parity survives)
-    opens = outside & ((codes == ord("[")) | (codes == ord("{")))
-    closes = outside & ((codes == ord("]")) | (codes == ord("}")))
-    steps = opens.astype(np.int32) - closes
-    return Structure(int(np.count_nonzero(opens)), int(np.cumsum(steps).max(initial=0)))
+    a parser: garbage gives some answer, and json.loads refuses it afterwards. Scanned SCAN_CHUNK bytes at a time, the
+    string state and nesting level carried over; a chunk never ends on a backslash, so no escape is cut."""
+    containers = depth = level = 0
+    in_string = False
+    start = 0
+    while start < len(body):
+        end = min(len(body), start + SCAN_CHUNK)
+        while end < len(body) and body[end - 1] == _BACKSLASH:
+            end += 1
+        # Escaped backslashes, then escaped quotes, go first: every quote left opens or closes a string.
+        marks = body[start:end].replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE)
+        start = end
+        codes = np.frombuffer(marks, dtype=np.uint8)
+        if not len(codes):
+            continue
+        quotes = codes == ord('"')
+        # Inside a string from its opening quote on (the closing quote too): a running XOR, which, unlike a cumsum
+        # into another dtype, numpy runs without the interpreter lock. No step below casts inside a loop either.
+        inside = np.logical_xor.accumulate(quotes) ^ in_string
+        outside = ~(quotes | inside)
+        opens = outside & ((codes == ord("[")) | (codes == ord("{")))
+        closes = outside & ((codes == ord("]")) | (codes == ord("}")))
+        levels = np.cumsum(opens.view(np.int8).astype(np.int32) - closes.view(np.int8), dtype=np.int32)
+        containers += int(np.count_nonzero(opens))
+        depth = max(depth, level + int(levels.max()))
+        level += int(levels[-1])
+        in_string = bool(inside[-1])
+    return Structure(containers, depth)
 
 
 def parse(body: bytes, model: type[BaseModel] | None, max_containers: int) -> Any:
@@ -256,10 +283,14 @@ def parse(body: bytes, model: type[BaseModel] | None, max_containers: int) -> An
 class JSONBodyRequest(Request):
     model: type[BaseModel] | None = None
     max_containers = 0
+    gate: ParseGate | None = None
 
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
-            self._json = await asyncio.to_thread(parse, await self.body(), self.model, self.max_containers)
+            body = await self.body()
+            work = functools.partial(parse, body, self.model, self.max_containers)
+            gate = self.gate if len(body) >= LARGE_BODY_BYTES else None  # large ones one at a time (parse_gate.py)
+            self._json = await (gate.run(work) if gate is not None else asyncio.to_thread(work))
         return self._json
 
 
@@ -292,6 +323,7 @@ class JSONRoute(APIRoute):
                 _check_encoding(request)
                 request.model = model if isinstance(model, type) and issubclass(model, BaseModel) else None
                 request.max_containers = request.app.state.max_json_containers
+                request.gate = request.app.state.parse_gate
                 if not _is_json(request.headers.get("content-type")) and await request.body():
                     raise BadBody(f"body: send JSON with content-type: application/json (got content-type: "
                                      f"{request.headers.get('content-type', 'none')})")
