@@ -38,6 +38,10 @@ def shm(**spec: Any) -> str:
     ({"resources": {"gpu": {"count": 1}}, "scoring": {"maxBatchTokens": 12000}}, "1500Mi"),
     ({"resources": {"gpu": {"count": 1}, "shmSize": "6Gi"}}, "6Gi"),
     ({"resources": {"shmSize": 2}}, "2"),
+    # issue 49: the floor on a GPU, the CPU size whatever the batch, a size asked for below the floor
+    ({"resources": {"gpu": {"count": 1}}, "scoring": {"maxBatchTokens": 2048}}, "1Gi"),  # 256Mi, raised to 1Gi
+    ({"scoring": {"maxBatchTokens": 32768}}, "1Gi"),  # CPU: the batch lives in the process, not in /dev/shm
+    ({"resources": {"shmSize": "512Mi"}}, "512Mi"),  # below the floor is the user's call
 ])
 def test_shm_size_is_a_field_defaulting_to_the_gpu_batch(spec: dict[str, Any], size: str) -> None:
     assert shm(**spec) == size

@@ -1,7 +1,8 @@
 """Issue 49, the pure parts: a slot is held only by a rollout that has not progressed yet (progress counts once
-seen); waiting models hear only of stuck holders; a rollout still waiting for room past its progress deadline failed
-for want of room; the scheduling deadline runs on the operator's clock; Available holds through a scale-up onto a
-node being added; /dev/shm's floor and CPU size."""
+seen), and a model deleted leaves nothing of it in the pacer; waiting models hear only of stuck holders; a rollout
+still waiting for room past its progress deadline failed for want of room; the scheduling deadline runs on the
+operator's clock; Available holds through a scale-up onto a node being added. (/dev/shm's floor and CPU size:
+test_operator_issue36_units.py.)"""
 
 from __future__ import annotations
 
@@ -27,7 +28,6 @@ from scorekeeper_operator.render.manifests import CONFIG_HASH_ANNOTATION
 from scorekeeper_operator.spec.settings import OperatorSettings
 from scorekeeper_operator.status.compute import Observed
 from scorekeeper_operator.status.pods import placement_clock
-from spec_helpers import deployment_of
 from status_fixtures import NOW, assess, at, conditions, desired, event, message, pod, rendered, rolled, unscheduled
 
 NO_GPU = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
@@ -80,6 +80,26 @@ def test_the_paced_annotations_go_once_the_progress_is_seen() -> None:
     pacer = Pacer(1, WatchCache())
     assert not pacer.finished(paced("alpha", ready=0)) and pacer.finished(live)
     assert pacer.finished(paced("alpha", ready=0))  # remembered
+
+
+def test_a_model_deleted_and_restored_starts_afresh_in_the_pacer() -> None:
+    """Restored from a backup with its Deployment on the old template, it is paced to the same configuration once
+    more: what the pacer knew of the deleted model's rollout (progress seen, a failure for want of room, a stall)
+    must not let this one skip its slot, or name it held up."""
+    cache = WatchCache()
+    pacer = Pacer(1, cache)
+    pacer.seen(paced("alpha", ready=1))  # progressed, then deleted
+    pacer.forget(ALPHA)
+    cache.put("deployments", paced("alpha", ready=0))  # restored, and paced again
+    assert pacer.busy() == {ALPHA}
+    pacer.report(ALPHA, paced("alpha", ready=0), "Unschedulable", "Unschedulable")  # failed for want of room …
+    assert pacer.busy() == set()
+    pacer.forget(ALPHA)  # … deleted, restored
+    assert pacer.busy() == {ALPHA}
+    pacer.report(ALPHA, paced("alpha", ready=0), "", "CrashLoopBackOff")  # held up …
+    assert "ml/alpha" in pacer.wait_note()
+    pacer.forget(ALPHA)  # … deleted (its Deployment not yet collected)
+    assert "ml/alpha" not in pacer.wait_note()
 
 
 # -- what waiting models hear -------------------------------------------------------------------------------------
@@ -215,18 +235,3 @@ def test_available_stays_true_while_the_model_serves_and_its_new_pods_wait_for_a
     assert available["lastTransitionTime"] == next(c for c in before["conditions"]
                                                    if c["type"] == "Available")["lastTransitionTime"]
 
-
-# -- /dev/shm -------------------------------------------------------------------------------------------------------
-def shm(**spec: Any) -> str:
-    volumes = deployment_of(**spec)["spec"]["template"]["spec"]["volumes"]
-    size: str = next(v for v in volumes if v["name"] == "shm")["emptyDir"]["sizeLimit"]
-    return size
-
-
-@pytest.mark.parametrize(("spec", "size"), [
-    ({"resources": {"gpu": {"count": 1}}, "scoring": {"maxBatchTokens": 2048}}, "1Gi"),  # 256Mi, raised to the floor
-    ({"scoring": {"maxBatchTokens": 32768}}, "1Gi"),  # CPU: the batch lives in the process, not in /dev/shm
-    ({"resources": {"shmSize": "512Mi"}}, "512Mi"),  # asked for: below the floor is the user's call
-])
-def test_shm_has_a_1gi_floor_on_a_gpu_and_1gi_on_cpu_whatever_the_batch(spec: dict[str, Any], size: str) -> None:
-    assert shm(**spec) == size

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from scorekeeper_operator.status.compute import ConfigError, Observed
 from status_fixtures import (
     LATER,
+    NOW,
     assess,
     at,
     conditions,
@@ -207,3 +209,15 @@ def test_a_steady_model_needs_no_recheck() -> None:
     assessment = assess(desired(r), Observed(rolled(r.config_hash, 2, 2), [pod("a", r.config_hash),
                                                                           pod("b", r.config_hash)]))
     assert assessment.recheck_in is None and not assessment.waiting
+
+
+def test_the_deadline_re_check_comes_when_the_first_wait_runs_out() -> None:
+    """Issue 49: what is left of each scheduling wait, on the operator's clock (seen 400 s and 100 s ago, of 600),
+    and the earliest of them: nothing else announces a wait turning into a failure, and Event polling every 0.3 s
+    in the cluster tests would hide a re-check that comes too late."""
+    r = rendered(replicas=2)
+    pending = [unscheduled(name, r.config_hash, at(900)) for name in ("a", "b")]
+    seen = {"a": NOW - timedelta(seconds=400), "b": NOW - timedelta(seconds=100)}
+    assessment = assess(desired(r, 2), Observed(rolled(r.config_hash, 2, 0), pending, unplaced_since=seen))
+    assert conditions(assessment.status)["Degraded"] == ("False", "Healthy")
+    assert assessment.recheck_in == pytest.approx(200)
