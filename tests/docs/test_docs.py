@@ -147,3 +147,13 @@ def test_link_anchors_resolve(doc: Path) -> None:
         if anchor and linked.suffix == ".md" and linked.is_file() and anchor not in anchors(linked.read_text()):
             broken.append(target)
     assert not broken, f"{doc.relative_to(REPO)} links to headings that do not exist: {broken}"
+
+
+# The pages that give the current answer stay readable; superseded runs go to docs/history/ (issue 47).
+PAGE_LINES = {"docs/benchmarks.md": 400, "docs/gpu.md": 300}
+
+
+@pytest.mark.parametrize(("page", "most"), PAGE_LINES.items())
+def test_current_answer_pages_stay_short(page: str, most: int) -> None:
+    lines = len((REPO / page).read_text().splitlines())
+    assert lines <= most, f"{page}: {lines} lines (at most {most}): move superseded runs to docs/history/"
