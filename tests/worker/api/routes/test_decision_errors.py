@@ -1,7 +1,7 @@
 """Bad /v1/decisions requests get a 4xx in the one error shape, naming the field, never a 5xx: no questions, an
 unknown type, a choice with one option, values the model cannot tell apart, images, an input over the model's
 maximum, a request over --max-request-tokens or --max-request-bytes, too many questions, a response over
---max-response-bytes, a model that is not a causal LM."""
+--max-response-bytes or --max-intermediate-bytes, a model that is not a causal LM."""
 
 from __future__ import annotations
 
@@ -103,3 +103,14 @@ def test_other_model_kinds_are_refused(path: str, tiny_model: Callable[[str], Pa
     assert_error(post(server_for(tiny_model("qwen3-cls3")), body, path), 400,
                  f"model: {path} reads answers from a causal LM's next-token probabilities; this server serves a "
                  "classifier")
+
+
+def test_the_largest_intermediate_is_bounded_before_any_work(tiny_model: Callable[[str], Path],
+                                                              server_for: Callable[..., RunningServer]) -> None:
+    """--max-intermediate-bytes of 1 MiB: a prompt of a few hundred tokens needs 4 heads × its tokens² attention
+    scores (over 1 MiB), refused naming the input; a short one is answered."""
+    server = server_for(tiny_model("qwen3-causal"), max_intermediate_bytes=1 << 20)
+    some_input = "Paris is the capital of France. " * 40
+    assert_error(post(server, {"model": "m", "input": some_input, "questions": [PREDICATE]}), 400,
+                 "input: the request needs", "attention scores", "(--max-intermediate-bytes)")
+    assert post(server, {"model": "m", "input": "x", "questions": [PREDICATE]}).status_code == 200
